@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what hixl needs to build and test, from Debian's packages.
+# Idempotent: does nothing when everything is already installed.
+set -euo pipefail
+
+PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up and runs every test: the release build, then AddressSanitizer+UBSan
+# and ThreadSanitizer builds of the library and its tests, then a consumer
+# project that uses the installed package through find_package(hixl).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+
+run_ctest() {
+  local dir="$1"
+  echo "=== tests: $dir ==="
+  (cd "$dir" && ctest --output-on-failure -j 2 --timeout 300)
+}
+
+bash scripts/build.sh release
+run_ctest build
+
+bash scripts/build.sh asan
+run_ctest build-asan
+
+bash scripts/build.sh tsan
+run_ctest build-tsan
+
+echo "=== package: install + find_package(hixl) ==="
+prefix="$(pwd)/build/install-test"
+rm -rf "$prefix" build/consumer
+cmake --install build --prefix "$prefix" >/dev/null
+cmake -S tests/package_consumer -B build/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build build/consumer -j "$(nproc)" >/dev/null
+build/consumer/hixl_consumer
+echo "all test stages passed"

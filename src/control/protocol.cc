@@ -1,0 +1,139 @@
+#include "control/protocol.h"
+
+#include "hixl/hixl.h"
+
+namespace hixl::control {
+namespace {
+
+wire::Msg EncodeRegions(const std::vector<RegionDesc>& regions) {
+  wire::Msg arr = wire::Msg::array();
+  for (const auto& r : regions) {
+    arr.push_back({{"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms},
+                   {"fd", r.shareable}});
+  }
+  return arr;
+}
+
+Status DecodeRegions(const wire::Msg& m, std::vector<RegionDesc>& out) {
+  const wire::Msg* arr = wire::GetArray(m, "regions", kMaxRegionsPerMessage);
+  if (arr == nullptr) return Status::ParamInvalid("regions: missing or too many");
+  std::vector<RegionDesc> v;
+  v.reserve(arr->size());
+  for (const auto& e : *arr) {
+    RegionDesc r;
+    if (!e.is_object() || !wire::GetU64(e, "id", r.id) || !wire::GetU64(e, "addr", r.addr) ||
+        !wire::GetU64(e, "len", r.len) || !wire::GetU32(e, "perm", r.perms) ||
+        !wire::GetBool(e, "fd", r.shareable)) {
+      return Status::ParamInvalid("malformed region entry");
+    }
+    if (r.id == 0 || r.addr == 0 || r.len == 0 || r.addr + r.len < r.addr ||
+        (r.perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
+      return Status::ParamInvalid("region entry " + std::to_string(r.id) + " out of range");
+    }
+    v.push_back(r);
+  }
+  out = std::move(v);
+  return Status::Ok();
+}
+
+Status DecodeIdentity(const wire::Msg& m, uint32_t& version, std::string& engine, uint64_t& gen,
+                      std::string& host, int64_t& pid) {
+  if (!wire::GetU32(m, "v", version)) return Status::ParamInvalid("missing protocol version");
+  if (version != kProtocolVersion) {
+    return Status::Unsupported("protocol version " + std::to_string(version) + " (this build speaks " +
+                               std::to_string(kProtocolVersion) + ")");
+  }
+  if (!wire::GetStr(m, "engine", engine, kMaxEngineName) || !wire::GetU64(m, "gen", gen) ||
+      gen == 0 || !wire::GetStr(m, "host", host, 512) || !wire::GetI64(m, "pid", pid) || pid <= 0) {
+    return Status::ParamInvalid("malformed engine identity");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string TypeOf(const wire::Msg& m) {
+  std::string t;
+  wire::GetStr(m, "t", t, 32);
+  return t;
+}
+
+wire::Msg EncodeHello(const Hello& h) {
+  return {{"t", "hello"}, {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
+          {"host", h.host}, {"pid", h.pid}};
+}
+
+Status DecodeHello(const wire::Msg& m, Hello& out) {
+  if (TypeOf(m) != "hello") return Status::ParamInvalid("expected hello");
+  Hello h;
+  if (Status s = DecodeIdentity(m, h.version, h.engine, h.generation, h.host, h.pid); !s.ok()) {
+    return s;
+  }
+  out = std::move(h);
+  return Status::Ok();
+}
+
+wire::Msg EncodeWelcome(const Welcome& w) {
+  return {{"t", "welcome"},   {"v", w.version}, {"engine", w.engine},
+          {"gen", w.generation}, {"host", w.host}, {"pid", w.pid},
+          {"regions", EncodeRegions(w.regions)}, {"tp", w.transports}};
+}
+
+Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
+  if (TypeOf(m) != "welcome") return Status::ParamInvalid("expected welcome");
+  Welcome w;
+  if (Status s = DecodeIdentity(m, w.version, w.engine, w.generation, w.host, w.pid); !s.ok()) {
+    return s;
+  }
+  if (Status s = DecodeRegions(m, w.regions); !s.ok()) return s;
+  auto tp = m.find("tp");
+  if (tp == m.end() || !tp->is_object() || tp->size() > 16) {
+    return Status::ParamInvalid("malformed transport table");
+  }
+  w.transports = *tp;
+  out = std::move(w);
+  return Status::Ok();
+}
+
+wire::Msg EncodeReject(const std::string& reason) { return {{"t", "reject"}, {"reason", reason}}; }
+
+std::string DecodeRejectReason(const wire::Msg& m) {
+  std::string r;
+  if (!wire::GetStr(m, "reason", r, 1024)) r = "(no reason given)";
+  return r;
+}
+
+wire::Msg EncodeRegionAdd(const std::vector<RegionDesc>& regions) {
+  return {{"t", "radd"}, {"regions", EncodeRegions(regions)}};
+}
+
+Status DecodeRegionAdd(const wire::Msg& m, std::vector<RegionDesc>& out) {
+  return DecodeRegions(m, out);
+}
+
+wire::Msg EncodeRegionDel(uint64_t seq, const std::vector<uint64_t>& ids) {
+  return {{"t", "rdel"}, {"seq", seq}, {"ids", ids}};
+}
+
+Status DecodeRegionDel(const wire::Msg& m, uint64_t& seq, std::vector<uint64_t>& ids) {
+  const wire::Msg* arr = wire::GetArray(m, "ids", kMaxRegionsPerMessage);
+  if (!wire::GetU64(m, "seq", seq) || arr == nullptr) return Status::ParamInvalid("malformed rdel");
+  std::vector<uint64_t> v;
+  for (const auto& e : *arr) {
+    if (!e.is_number_unsigned()) return Status::ParamInvalid("malformed rdel id");
+    v.push_back(e.get<uint64_t>());
+  }
+  ids = std::move(v);
+  return Status::Ok();
+}
+
+wire::Msg EncodeRegionDelAck(uint64_t seq) { return {{"t", "rdel_ack"}, {"seq", seq}}; }
+
+Status DecodeRegionDelAck(const wire::Msg& m, uint64_t& seq) {
+  if (!wire::GetU64(m, "seq", seq)) return Status::ParamInvalid("malformed rdel_ack");
+  return Status::Ok();
+}
+
+wire::Msg EncodeBye() { return {{"t", "bye"}}; }
+
+}  // namespace hixl::control

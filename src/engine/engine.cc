@@ -1,0 +1,842 @@
+#include "engine/engine.h"
+
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/host.h"
+#include "common/log.h"
+#include "transport/shm/shm_transport.h"
+
+namespace hixl {
+
+namespace {
+
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
+  if (s.empty() || s.size() > 12) return false;
+  size_t i = (s[0] == '-') ? 1 : 0;
+  if (i == s.size()) return false;
+  int64_t v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  if (s[0] == '-') v = -v;
+  if (v < lo || v > hi) return false;
+  out = v;
+  return true;
+}
+
+control::RegionDesc ToDesc(const memory::LocalRegion& r) {
+  return control::RegionDesc{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
+}
+
+constexpr int kIdleTickMs = 50;
+constexpr int kBusyTickMs = 1;
+
+}  // namespace
+
+Status Hixl::Impl::ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
+  Options o;
+  for (const auto& [key, value] : in) {
+    int64_t v = 0;
+    auto bad = [&](const std::string& expect) {
+      return Status::ParamInvalid("option " + key + "='" + value + "': expected " + expect);
+    };
+    if (key == options::kLinkType) {
+      if (value == "AUTO") {
+        o.link = LinkType::AUTO;
+      } else if (value == "SHM" || value == "HCCS") {
+        o.link = LinkType::SHM;
+      } else if (value == "TCP") {
+        o.link = LinkType::TCP;
+      } else if (value == "UCX" || value == "RDMA") {
+        return Status::Unsupported("option " + key + "='" + value +
+                                   "': this build has no such transport (available: AUTO, SHM, TCP)");
+      } else {
+        return bad("AUTO, SHM, HCCS or TCP");
+      }
+    } else if (key == options::kCopyThreads) {
+      if (!ParseInt(value, 1, 64, v)) return bad("an integer 1..64");
+      o.copy_threads = static_cast<int>(v);
+    } else if (key == options::kEnableUseFabricMem) {
+      if (value != "0" && value != "1") return bad("0 or 1");
+      o.fabric_mem = value == "1";
+    } else if (key == options::kDeregisterTimeoutMs) {
+      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
+      o.dereg_timeout_ms = static_cast<int>(v);
+    } else if (key == options::kHandshakeTimeoutMs) {
+      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
+      o.handshake_timeout_ms = static_cast<int>(v);
+    } else if (key == options::kTcpLanes) {
+      if (!ParseInt(value, 1, 64, v)) return bad("an integer 1..64");
+      o.tcp_lanes = static_cast<int>(v);
+    } else if (key == options::kTcpSliceSize) {
+      if (!ParseInt(value, 4096, 64 << 20, v)) return bad("bytes 4096..67108864");
+      o.tcp_slice_size = static_cast<size_t>(v);
+    } else if (key == options::kTcpIoThreads) {
+      if (!ParseInt(value, 1, 16, v)) return bad("an integer 1..16");
+      o.tcp_io_threads = static_cast<int>(v);
+    } else {
+      return Status::ParamInvalid("unknown option '" + key + "'");
+    }
+  }
+  out = o;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::CheckInitialized() const {
+  if (!initialized_.load(std::memory_order_acquire)) {
+    return Status::Failed("engine is not initialized (call Initialize first)");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+Status Hixl::Impl::Initialize(const std::string& local_engine,
+                              const std::map<std::string, std::string>& opts) {
+  if (initialized_.load()) return Status::Failed("engine is already initialized");
+  Options o;
+  if (Status s = ParseOptions(opts, o); !s.ok()) return s;
+  net::HostPort hp;
+  if (Status s = net::ParseHostPort(local_engine, hp); !s.ok()) return s;
+
+  opts_ = o;
+  generation_ = host::RandomU64();
+  listening_ = hp.port >= 0;
+  if (listening_) {
+    int port = 0;
+    if (Status s = net::TcpListen(hp, listen_fd_, port); !s.ok()) return s;
+    hp.port = port;
+  }
+  local_engine_ = hp.ToString();
+
+  copy_pool_.Start(static_cast<size_t>(opts_.copy_threads), "hixl-copy");
+  transport::TransportContext ctx;
+  ctx.generation = generation_;
+  ctx.listening = listening_;
+  ctx.regions = &regions_;
+  ctx.copy_pool = &copy_pool_;
+  ctx.copy_threads = opts_.copy_threads;
+  ctx.listen_host = hp.host;
+  ctx.tcp_lanes = opts_.tcp_lanes;
+  ctx.tcp_slice_size = opts_.tcp_slice_size;
+  ctx.tcp_io_threads = opts_.tcp_io_threads;
+  for (const auto& e : transport::TransportRegistry::Global().Entries()) {
+    auto t = e.factory(ctx);
+    if (Status s = t->Start(); !s.ok()) {
+      HIXL_LOG(WARN) << "transport " << e.name << " unavailable: " << s.ToString();
+      t->Stop();
+      continue;
+    }
+    transports_.push_back(std::move(t));
+  }
+  loop_.SetTicker([this] { OnTick(); }, kIdleTickMs);
+  Status s = loop_.Start("hixl-ctrl");
+  if (s.ok() && listening_) {
+    int lfd = listen_fd_.get();
+    loop_.Post([this, lfd] { loop_.Add(lfd, EPOLLIN, [this](uint32_t) { OnAccept(); }); });
+  }
+  if (!s.ok()) {
+    for (auto& t : transports_) t->Stop();
+    transports_.clear();
+    copy_pool_.Stop();
+    listen_fd_.Reset();
+    return s;
+  }
+  initialized_.store(true, std::memory_order_release);
+  HIXL_LOG(INFO) << "engine " << local_engine_ << " up (generation " << generation_ << ")";
+  return Status::Ok();
+}
+
+void Hixl::Impl::Finalize() {
+  if (!initialized_.exchange(false)) return;
+  // 1. Every unfinished request stops and ends FAILED.
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    for (auto& [id, t] : reqs_) t->RequestStop(Status::Failed("engine was finalized"));
+  }
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers.swap(peers_);
+  }
+  for (auto& [name, p] : peers) {
+    p->alive.store(false);
+    p->channel->Close();
+  }
+  // 2. Copy threads finish what is queued (each part stops at once) and exit.
+  copy_pool_.Stop();
+  // 3. Control plane: tell peers goodbye, then stop the loop.
+  loop_.Post([this] {
+    for (auto& [id, c] : conns_) {
+      if (c->established) Send(*c, control::EncodeBye());
+    }
+  });
+  loop_.Stop();
+  conns_.clear();
+  revokes_.clear();
+  for (auto& t : transports_) t->Stop();
+  transports_.clear();
+  listen_fd_.Reset();
+  peers.clear();
+  {
+    std::lock_guard<std::mutex> lock(dereg_mu_);
+    dereg_waits_.clear();
+  }
+  dereg_cv_.notify_all();
+  regions_.Clear();
+  FreeAllocs();
+  HIXL_LOG(INFO) << "engine " << local_engine_ << " finalized";
+}
+
+std::string Hixl::Impl::LocalEngine() const {
+  return initialized_.load() ? local_engine_ : std::string();
+}
+
+// ---------------------------------------------------------------- memory
+
+Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle,
+                               uint32_t perms) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (type == MemType::MEM_DEVICE) {
+    return Status::Unsupported("device memory needs a build with CUDA; this build has host memory only");
+  }
+  if (type != MemType::MEM_HOST) return Status::ParamInvalid("unknown memory type");
+  if (mem.addr == 0) return Status::ParamInvalid("RegisterMem: address is null");
+  if (mem.len == 0) return Status::ParamInvalid("RegisterMem: length is 0");
+  if ((perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
+    return Status::ParamInvalid("RegisterMem: unknown permission bits");
+  }
+  memory::LocalRegion r;
+  r.addr = mem.addr;
+  r.len = mem.len;
+  r.perms = perms;
+  r.type = type;
+  uint64_t id = 0;
+  bool added = false;
+  if (Status s = regions_.Add(r, id, added); !s.ok()) return s;
+  if (added) {
+    r.id = id;
+    BroadcastRegionAdd({ToDesc(r)});
+  }
+  handle = id;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::DeregisterMem(MemHandle handle) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (handle == 0) return Status::Ok();
+  {
+    // Memory from AllocMem stays registered until FreeMem.
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    for (const auto& [ptr, a] : allocs_) {
+      if (a.handle == handle) {
+        return Status::ParamInvalid("handle belongs to AllocMem memory; release it with FreeMem");
+      }
+    }
+  }
+  if (!regions_.Remove(handle)) return Status::Ok();  // unknown or already removed: no-op
+  return RevokeFromPeers(handle);
+}
+
+Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (ptr == nullptr) return Status::ParamInvalid("AllocMem: ptr is null");
+  if (size == 0) return Status::ParamInvalid("AllocMem: size is 0");
+  if (type != MemType::MEM_HOST) {
+    return Status::Unsupported("AllocMem: device memory needs a build with CUDA");
+  }
+  if (size > (size_t{1} << 46)) return Status::ParamInvalid("AllocMem: size too large");
+  Alloc a;
+  void* p = nullptr;
+  if (opts_.fabric_mem) {
+    if (Status s = transport::shm::AllocShareable(size, a.memfd, p, a.mapped_len); !s.ok()) return s;
+  } else {
+    a.mapped_len = (size + 4095) / 4096 * 4096;
+    p = mmap(nullptr, a.mapped_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return net::ErrnoStatus("AllocMem: mmap", errno);
+  }
+  memory::LocalRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(p);
+  r.len = size;
+  r.perms = MEM_PERM_READ_WRITE;
+  r.type = type;
+  r.memfd = a.memfd;
+  r.mapped_len = a.mapped_len;
+  bool added = false;
+  Status s = regions_.Add(r, a.handle, added);
+  if (!s.ok()) {
+    munmap(p, a.mapped_len);
+    if (a.memfd >= 0) ::close(a.memfd);
+    return s;
+  }
+  r.id = a.handle;
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    allocs_[p] = a;
+  }
+  BroadcastRegionAdd({ToDesc(r)});
+  *ptr = p;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::FreeMem(void* ptr) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  Alloc a;
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    auto it = allocs_.find(ptr);
+    if (it == allocs_.end()) return Status::ParamInvalid("FreeMem: pointer did not come from AllocMem");
+    a = it->second;
+    allocs_.erase(it);
+  }
+  Status s;
+  if (regions_.Remove(a.handle)) s = RevokeFromPeers(a.handle);
+  // Peers that mapped the memfd keep their own mapping of these pages until
+  // they drop the region, so unmapping here can never fault a peer.
+  munmap(ptr, a.mapped_len);
+  if (a.memfd >= 0) ::close(a.memfd);
+  return s;
+}
+
+Status Hixl::Impl::GetMemHandle(void* ptr, MemHandle& handle) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  auto r = regions_.FindByStart(reinterpret_cast<uintptr_t>(ptr));
+  if (!r) return Status::ParamInvalid("no registered region starts at that address");
+  handle = r->id;
+  return Status::Ok();
+}
+
+void Hixl::Impl::FreeAllocs() {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  for (auto& [ptr, a] : allocs_) {
+    munmap(ptr, a.mapped_len);
+    if (a.memfd >= 0) ::close(a.memfd);
+  }
+  allocs_.clear();
+}
+
+void Hixl::Impl::BroadcastRegionAdd(std::vector<control::RegionDesc> regions) {
+  if (!listening_) return;
+  loop_.Post([this, regions = std::move(regions)] {
+    wire::Msg m = control::EncodeRegionAdd(regions);
+    for (auto& [id, c] : conns_) {
+      if (c->accepted && c->established) Send(*c, m);
+    }
+  });
+}
+
+Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
+  if (!listening_) return Status::Ok();  // nobody can have connected to us
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(dereg_mu_);
+    seq = next_seq_++;
+    dereg_waits_[seq] = DeregWait{};
+  }
+  bool posted = loop_.Post([this, seq, region_id] {
+    wire::Msg m = control::EncodeRegionDel(seq, {region_id});
+    std::set<uint64_t> waiting;
+    for (auto& [id, c] : conns_) {
+      if (c->accepted && c->established) {
+        Send(*c, m);
+        waiting.insert(id);
+      }
+    }
+    std::lock_guard<std::mutex> lock(dereg_mu_);
+    auto it = dereg_waits_.find(seq);
+    if (it != dereg_waits_.end()) {
+      it->second.sent = true;
+      it->second.waiting = std::move(waiting);
+    }
+    dereg_cv_.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(dereg_mu_);
+  if (!posted) {
+    dereg_waits_.erase(seq);
+    return Status::Ok();
+  }
+  auto deadline = net::DeadlineAfterMs(opts_.dereg_timeout_ms);
+  bool done = dereg_cv_.wait_until(lock, deadline, [&] {
+    auto it = dereg_waits_.find(seq);
+    return it == dereg_waits_.end() || (it->second.sent && it->second.waiting.empty());
+  });
+  std::set<uint64_t> laggards;
+  if (auto it = dereg_waits_.find(seq); it != dereg_waits_.end()) {
+    laggards = it->second.waiting;
+    dereg_waits_.erase(it);
+  }
+  lock.unlock();
+  if (!done && !laggards.empty()) {
+    // A peer that cannot confirm it stopped using the region loses its link.
+    loop_.Post([this, laggards] {
+      for (uint64_t id : laggards) {
+        CloseConn(id, "did not confirm a region removal in time", false);
+      }
+    });
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- links
+
+Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
+                             control::Welcome& welcome) {
+  if (Status s = net::TcpConnect(to, deadline, fd); !s.ok()) return s;
+  control::Hello h;
+  h.engine = local_engine_;
+  h.generation = generation_;
+  h.host = host::HostIdentity();
+  h.pid = getpid();
+  auto frame = wire::EncodeFrame(control::EncodeHello(h));
+  if (Status s = net::WriteFull(fd.get(), frame.data(), frame.size(), deadline); !s.ok()) return s;
+  uint8_t hdr[wire::kFrameHeaderSize];
+  uint32_t len = 0;
+  if (Status s = net::ReadFull(fd.get(), hdr, sizeof(hdr), deadline); !s.ok()) return s;
+  if (Status s = wire::DecodeFrameHeader(hdr, len); !s.ok()) return s;
+  std::vector<uint8_t> body(len);
+  if (Status s = net::ReadFull(fd.get(), body.data(), len, deadline); !s.ok()) return s;
+  wire::Msg m;
+  if (Status s = wire::DecodeBody(body.data(), len, m); !s.ok()) return s;
+  if (control::TypeOf(m) == "reject") {
+    return Status::Failed("peer refused the link: " + control::DecodeRejectReason(m));
+  }
+  return control::DecodeWelcome(m, welcome);
+}
+
+Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
+                            const control::Welcome& w, net::Deadline deadline,
+                            std::shared_ptr<Peer>& out) {
+  auto peer = std::make_shared<Peer>();
+  peer->name = name;
+  peer->generation = w.generation;
+  peer->pid = w.pid;
+  transport::PeerInfo info;
+  info.engine = name;
+  info.address = address;
+  info.generation = w.generation;
+  info.host_id = w.host;
+  info.pid = w.pid;
+  std::string reasons;
+  for (auto& t : transports_) {
+    if (opts_.link != LinkType::AUTO && t->link_type() != opts_.link) continue;
+    auto it = w.transports.find(t->name());
+    info.info = it == w.transports.end() ? nullptr : &*it;
+    std::string why;
+    if (!t->CanReach(info, why)) {
+      reasons += (reasons.empty() ? "" : "; ") + why;
+      continue;
+    }
+    Status s = t->Connect(info, deadline, peer->channel);
+    if (s.ok()) break;
+    reasons += (reasons.empty() ? "" : "; ") + s.message();
+  }
+  if (!peer->channel) {
+    return Status::Unsupported("no transport can reach " + name + " (LinkType " +
+                               LinkTypeName(opts_.link) + "): " +
+                               (reasons.empty() ? "no transport available" : reasons));
+  }
+  AddRemoteRegions(*peer, w.regions);
+  out = std::move(peer);
+  return Status::Ok();
+}
+
+void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions) {
+  for (const auto& d : regions) {
+    if (peer.regions.Contains(d.id)) continue;
+    auto r = std::make_shared<memory::RemoteRegion>(d.id, d.addr, d.len, d.perms, d.shareable);
+    if (Status s = peer.channel->PrepareRegion(*r); !s.ok()) {
+      HIXL_LOG(WARN) << "region " << d.id << " of " << peer.name
+                     << " is unusable: " << s.ToString();
+      continue;
+    }
+    peer.regions.Insert(std::move(r));
+  }
+}
+
+Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (timeout_ms <= 0) return Status::ParamInvalid("Connect: timeout_ms must be > 0");
+  net::HostPort hp;
+  if (Status s = net::ParseHostPort(remote, hp); !s.ok()) return s;
+  if (hp.port <= 0) return Status::ParamInvalid("Connect: '" + remote + "' names no port");
+  const std::string key = hp.ToString();
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (peers_.count(key) != 0 || connecting_.count(key) != 0) {
+      return Status::AlreadyConnected("already connected (or connecting) to " + key);
+    }
+    connecting_.insert(key);
+  }
+  auto deadline = net::DeadlineAfterMs(timeout_ms);
+  net::Fd fd;
+  control::Welcome w;
+  std::shared_ptr<Peer> peer;
+  Status s = Handshake(hp, deadline, fd, w);
+  if (!s.ok()) {
+    s = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout : StatusCode::kFailed,
+               "Connect to " + key + ": handshake failed: " + s.message());
+  } else {
+    s = MakePeer(key, hp.host, w, deadline, peer);
+  }
+  if (s.ok()) s = net::SetNonBlocking(fd.get(), true);
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  connecting_.erase(key);
+  if (!s.ok()) return s;
+  auto c = std::make_unique<Conn>();
+  c->fd = std::move(fd);
+  c->established = true;
+  c->peer_name = key;
+  c->peer = peer;
+  // The loop owns the connection from here; conn ids are loop-assigned.
+  auto holder = std::make_shared<std::unique_ptr<Conn>>(std::move(c));
+  if (!loop_.Post([this, holder] { AddConn(std::move(*holder)); })) {
+    return Status::Failed("engine is shutting down");
+  }
+  peers_[key] = peer;
+  HIXL_LOG(INFO) << "connected to " << key << " over "
+                 << LinkTypeName(peer->channel->link_type()) << ", " << peer->regions.size()
+                 << " regions";
+  return Status::Ok();
+}
+
+Status Hixl::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
+  (void)timeout_ms;  // nothing here waits on the peer
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = peers_.find(remote);
+    if (it == peers_.end()) {
+      net::HostPort hp;
+      if (net::ParseHostPort(remote, hp).ok()) it = peers_.find(hp.ToString());
+    }
+    if (it == peers_.end()) return Status::NotConnected("not connected to " + remote);
+    peer = it->second;
+    peers_.erase(it);
+  }
+  peer->alive.store(false);
+  peer->channel->Close();
+  loop_.Post([this, peer] {
+    for (auto& [id, c] : conns_) {
+      if (c->peer == peer) {
+        Send(*c, control::EncodeBye());
+        CloseConn(id, "disconnected", true);
+        break;
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status Hixl::Impl::GetLinkType(const std::string& remote, LinkType& type) const {
+  auto p = FindPeer(remote);
+  if (!p) return Status::NotConnected("not connected to " + remote);
+  type = p->channel->link_type();
+  return Status::Ok();
+}
+
+std::shared_ptr<Hixl::Impl::Peer> Hixl::Impl::FindPeer(const std::string& remote) const {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto it = peers_.find(remote);
+  if (it != peers_.end()) return it->second;
+  net::HostPort hp;
+  if (!net::ParseHostPort(remote, hp).ok()) return nullptr;
+  it = peers_.find(hp.ToString());
+  return it == peers_.end() ? nullptr : it->second;
+}
+
+// ---------------------------------------------------------------- transfers
+
+Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
+                           const std::vector<TransferOpDesc>& descs, net::Deadline deadline,
+                           std::shared_ptr<Peer>& peer, std::shared_ptr<transport::Transfer>& t) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (op != TransferOp::READ && op != TransferOp::WRITE) {
+    return Status::ParamInvalid("unknown transfer op");
+  }
+  peer = FindPeer(remote);
+  if (!peer || !peer->alive.load(std::memory_order_acquire)) {
+    return Status::NotConnected("not connected to " + remote + " (call Connect first)");
+  }
+  std::vector<memory::Slice> slices;
+  std::vector<memory::RegionRef> pins;
+  if (Status s = peer->regions.Resolve(op, descs, slices, pins); !s.ok()) {
+    return Status(s.code(), "transfer to " + remote + ": " + s.message());
+  }
+  t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline, peer);
+  return Status::Ok();
+}
+
+Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
+                                const std::vector<TransferOpDesc>& descs, int32_t timeout_ms) {
+  auto deadline = net::DeadlineAfterMs(timeout_ms);
+  std::shared_ptr<Peer> peer;
+  std::shared_ptr<transport::Transfer> t;
+  if (Status s = Resolve(remote, op, descs, deadline, peer, t); !s.ok()) return s;
+  peer->channel->Submit(t, /*caller_waits=*/true);
+  if (!t->WaitDone(deadline)) {
+    // Stop every part and wait until they have: after TIMEOUT no byte moves.
+    t->RequestStop(Status::Timeout("TransferSync to " + remote + " exceeded " +
+                                   std::to_string(timeout_ms) + " ms"));
+    t->WaitDone(net::Deadline::max());
+  }
+  return t->reason();
+}
+
+Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
+                                 const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                                 TransferReq& req) {
+  (void)args;
+  std::shared_ptr<Peer> peer;
+  std::shared_ptr<transport::Transfer> t;
+  if (Status s = Resolve(remote, op, descs, net::Deadline::max(), peer, t); !s.ok()) return s;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    id = next_req_++;
+    reqs_[id] = t;
+  }
+  peer->channel->Submit(t, /*caller_waits=*/false);
+  req = id;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::GetTransferStatus(TransferReq req, TransferStatus& status, Status* reason) {
+  std::shared_ptr<transport::Transfer> t;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    auto it = reqs_.find(req);
+    if (it == reqs_.end()) {
+      return Status::ParamInvalid("unknown TransferReq " + std::to_string(req) +
+                                  " (never issued, or already reported as ended)");
+    }
+    t = it->second;
+    if (t->Done()) reqs_.erase(it);  // single use: released once its end is reported
+  }
+  status = t->state();
+  if (reason != nullptr) *reason = t->reason();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- control plane (loop thread)
+
+void Hixl::Impl::OnAccept() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        HIXL_LOG(WARN) << "accept failed: " << std::strerror(errno);
+      }
+      return;
+    }
+    auto c = std::make_unique<Conn>();
+    c->fd.Reset(fd);
+    c->accepted = true;
+    c->hello_deadline = net::DeadlineAfterMs(opts_.handshake_timeout_ms);
+    AddConn(std::move(c));
+  }
+}
+
+void Hixl::Impl::AddConn(std::unique_ptr<Conn> c) {
+  uint64_t id = next_conn_id_++;
+  c->id = id;
+  c->loop_id = loop_.Add(c->fd.get(), EPOLLIN | EPOLLRDHUP,
+                         [this, id](uint32_t ev) { OnConnEvent(id, ev); });
+  conns_[id] = std::move(c);
+}
+
+void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = *it->second;
+  if ((events & EPOLLOUT) && !FlushOut(c)) {
+    CloseConn(id, "send failed", false);
+    return;
+  }
+  if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) return;
+  uint8_t buf[64 * 1024];
+  for (;;) {
+    ssize_t r = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (r > 0) {
+      c.reader.Append(buf, static_cast<size_t>(r));
+      if (static_cast<size_t>(r) < sizeof(buf)) break;
+      continue;
+    }
+    if (r == 0) {
+      CloseConn(id, "peer closed the connection", c.accepted);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    CloseConn(id, std::string("receive failed: ") + std::strerror(errno), false);
+    return;
+  }
+  for (;;) {
+    wire::Msg m;
+    bool has = false;
+    Status s = c.reader.Next(m, has);
+    if (s.ok() && has) s = HandleMessage(c, m);
+    if (!s.ok()) {
+      CloseConn(id, "protocol error: " + s.message(), false);
+      return;
+    }
+    if (!has || conns_.count(id) == 0) return;
+  }
+}
+
+void Hixl::Impl::Send(Conn& c, const wire::Msg& m) {
+  c.outq.push_back(wire::EncodeFrame(m));
+  if (c.outq.size() == 1) FlushOut(c);
+}
+
+bool Hixl::Impl::FlushOut(Conn& c) {
+  while (!c.outq.empty()) {
+    auto& f = c.outq.front();
+    ssize_t r = ::send(c.fd.get(), f.data() + c.out_off, f.size() - c.out_off,
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        loop_.Modify(c.loop_id, EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+        return true;
+      }
+      return false;
+    }
+    c.out_off += static_cast<size_t>(r);
+    if (c.out_off == f.size()) {
+      c.outq.pop_front();
+      c.out_off = 0;
+    }
+  }
+  loop_.Modify(c.loop_id, EPOLLIN | EPOLLRDHUP);
+  return true;
+}
+
+Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
+  control::Hello h;
+  if (Status s = control::DecodeHello(m, h); !s.ok()) {
+    Send(c, control::EncodeReject(s.message()));
+    FlushOut(c);
+    return s;
+  }
+  control::Welcome w;
+  w.engine = local_engine_;
+  w.generation = generation_;
+  w.host = host::HostIdentity();
+  w.pid = getpid();
+  for (const auto& r : regions_.Snapshot()) w.regions.push_back(ToDesc(r));
+  for (auto& t : transports_) {
+    wire::Msg info;
+    t->DescribeForPeer(c.id, info);
+    if (!info.is_null()) w.transports[t->name()] = std::move(info);
+  }
+  c.established = true;
+  c.peer_name = h.engine;
+  Send(c, control::EncodeWelcome(w));
+  HIXL_LOG(INFO) << "accepted link from " << h.engine << " (pid " << h.pid << ")";
+  return Status::Ok();
+}
+
+Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
+  const std::string type = control::TypeOf(m);
+  if (c.accepted && !c.established) {
+    if (type != "hello") return Status::ParamInvalid("expected hello, got '" + type + "'");
+    return HandleHello(c, m);
+  }
+  if (type == "bye") {
+    CloseConn(c.id, "peer said goodbye", true);
+    return Status::Ok();
+  }
+  if (c.accepted) {
+    if (type == "rdel_ack") {
+      uint64_t seq = 0;
+      if (Status s = control::DecodeRegionDelAck(m, seq); !s.ok()) return s;
+      std::lock_guard<std::mutex> lock(dereg_mu_);
+      if (auto it = dereg_waits_.find(seq); it != dereg_waits_.end()) it->second.waiting.erase(c.id);
+      dereg_cv_.notify_all();
+      return Status::Ok();
+    }
+    return Status::ParamInvalid("unexpected message '" + type + "' from an initiator");
+  }
+  // Outbound connection: messages from a peer we transfer to.
+  if (type == "radd") {
+    std::vector<control::RegionDesc> regions;
+    if (Status s = control::DecodeRegionAdd(m, regions); !s.ok()) return s;
+    AddRemoteRegions(*c.peer, regions);
+    return Status::Ok();
+  }
+  if (type == "rdel") {
+    uint64_t seq = 0;
+    std::vector<uint64_t> ids;
+    if (Status s = control::DecodeRegionDel(m, seq, ids); !s.ok()) return s;
+    revokes_.push_back(Revoke{c.id, seq, c.peer->regions.Remove(ids)});
+    CheckRevokes();
+    return Status::Ok();
+  }
+  return Status::ParamInvalid("unexpected message '" + type + "' from a target");
+}
+
+void Hixl::Impl::CheckRevokes() {
+  for (auto it = revokes_.begin(); it != revokes_.end();) {
+    bool idle = true;
+    for (const auto& r : it->regions) {
+      idle = idle && r->users.load(std::memory_order_acquire) == 0;
+    }
+    auto conn = conns_.find(it->conn_id);
+    if (conn == conns_.end()) {
+      it = revokes_.erase(it);
+    } else if (idle) {
+      Send(*conn->second, control::EncodeRegionDelAck(it->seq));
+      it = revokes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  loop_.SetTickInterval(revokes_.empty() ? kIdleTickMs : kBusyTickMs);
+}
+
+void Hixl::Impl::OnTick() {
+  if (!revokes_.empty()) CheckRevokes();
+  auto now = net::Clock::now();
+  std::vector<uint64_t> late;
+  for (auto& [id, c] : conns_) {
+    if (c->accepted && !c->established && now >= c->hello_deadline) late.push_back(id);
+  }
+  for (uint64_t id : late) CloseConn(id, "no handshake before the deadline", false);
+}
+
+void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  std::unique_ptr<Conn> c = std::move(it->second);
+  conns_.erase(it);
+  loop_.Remove(c->loop_id);
+  if (quiet) {
+    HIXL_LOG(INFO) << "link " << (c->peer_name.empty() ? "(unnamed)" : c->peer_name) << " closed: " << why;
+  } else {
+    HIXL_LOG(WARN) << "dropping link " << (c->peer_name.empty() ? "(before handshake)" : c->peer_name)
+                   << ": " << why;
+  }
+  if (c->accepted) {
+    for (auto& t : transports_) t->ForgetPeer(id);
+    std::lock_guard<std::mutex> lock(dereg_mu_);
+    for (auto& [seq, w] : dereg_waits_) w.waiting.erase(id);
+    dereg_cv_.notify_all();
+  } else if (c->peer) {
+    // The peer is gone or misbehaved: its metadata goes, its transfers stop.
+    c->peer->alive.store(false);
+    c->peer->channel->Close();
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto p = peers_.find(c->peer->name);
+    if (p != peers_.end() && p->second == c->peer) peers_.erase(p);
+  }
+}
+
+}  // namespace hixl

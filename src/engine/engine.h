@@ -1,0 +1,173 @@
+// Hixl::Impl — the engine: local regions, peers, requests, the control plane
+// (listener, handshake, region updates) and the transports.
+//
+// Threads: the caller's threads run transfers (small ones inline); the copy
+// pool runs parts of large and async transfers; one event-loop thread owns
+// every control connection; each transport may run its own threads (shm: the
+// Unix-socket server that hands out memfds).
+#ifndef HIXL_ENGINE_ENGINE_H_
+#define HIXL_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/net.h"
+#include "common/thread_pool.h"
+#include "common/wire.h"
+#include "common/event_loop.h"
+#include "control/protocol.h"
+#include "hixl/hixl.h"
+#include "memory/local_regions.h"
+#include "memory/remote_regions.h"
+#include "transport/transport.h"
+
+namespace hixl {
+
+class Hixl::Impl {
+ public:
+  Impl() = default;
+  ~Impl() { Finalize(); }
+
+  Status Initialize(const std::string& local_engine, const std::map<std::string, std::string>& opts);
+  void Finalize();
+  std::string LocalEngine() const;
+
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms);
+  Status DeregisterMem(MemHandle handle);
+  Status AllocMem(size_t size, MemType type, void** ptr);
+  Status FreeMem(void* ptr);
+  Status GetMemHandle(void* ptr, MemHandle& handle) const;
+
+  Status Connect(const std::string& remote, int32_t timeout_ms);
+  Status Disconnect(const std::string& remote, int32_t timeout_ms);
+  Status GetLinkType(const std::string& remote, LinkType& type) const;
+
+  Status TransferSync(const std::string& remote, TransferOp op,
+                      const std::vector<TransferOpDesc>& descs, int32_t timeout_ms);
+  Status TransferAsync(const std::string& remote, TransferOp op,
+                       const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                       TransferReq& req);
+  Status GetTransferStatus(TransferReq req, TransferStatus& status, Status* reason);
+
+ private:
+  struct Options {
+    LinkType link = LinkType::AUTO;
+    int copy_threads = 2;
+    bool fabric_mem = true;
+    int dereg_timeout_ms = 5000;
+    int handshake_timeout_ms = 5000;
+    int tcp_lanes = 2;
+    size_t tcp_slice_size = 1u << 20;
+    int tcp_io_threads = 2;
+  };
+  // A peer this engine connected to (we initiate transfers to it).
+  struct Peer {
+    std::string name;
+    uint64_t generation = 0;
+    int64_t pid = 0;
+    memory::RemoteRegionTable regions;
+    std::unique_ptr<transport::Channel> channel;
+    std::atomic<bool> alive{true};
+  };
+  // A control connection; owned by the loop thread.
+  struct Conn {
+    uint64_t id = 0;
+    net::Fd fd;
+    uint64_t loop_id = 0;
+    bool accepted = false;     // a peer connected to us
+    bool established = false;  // handshake done
+    net::Deadline hello_deadline = net::Deadline::max();
+    std::string peer_name;
+    wire::FrameReader reader;
+    std::deque<std::vector<uint8_t>> outq;
+    size_t out_off = 0;
+    std::shared_ptr<Peer> peer;  // outbound connections
+  };
+  struct Revoke {
+    uint64_t conn_id;
+    uint64_t seq;
+    std::vector<memory::RegionRef> regions;
+  };
+  struct DeregWait {
+    bool sent = false;
+    std::set<uint64_t> waiting;  // accepted connections yet to acknowledge
+  };
+  struct Alloc {
+    int memfd = -1;
+    size_t mapped_len = 0;
+    MemHandle handle = 0;
+  };
+
+  static Status ParseOptions(const std::map<std::string, std::string>& in, Options& out);
+  Status CheckInitialized() const;
+  std::shared_ptr<Peer> FindPeer(const std::string& remote) const;
+  Status Resolve(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
+                 net::Deadline deadline, std::shared_ptr<Peer>& peer,
+                 std::shared_ptr<transport::Transfer>& t);
+  Status Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
+                   control::Welcome& welcome);
+  Status MakePeer(const std::string& name, const std::string& address, const control::Welcome& w,
+                  net::Deadline deadline,
+                  std::shared_ptr<Peer>& out);
+  void AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions);
+  void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
+  Status RevokeFromPeers(uint64_t region_id);
+  void FreeAllocs();
+
+  // Loop thread only.
+  void OnAccept();
+  void AddConn(std::unique_ptr<Conn> c);
+  void OnConnEvent(uint64_t id, uint32_t events);
+  void Send(Conn& c, const wire::Msg& m);
+  bool FlushOut(Conn& c);
+  Status HandleMessage(Conn& c, const wire::Msg& m);
+  Status HandleHello(Conn& c, const wire::Msg& m);
+  void CloseConn(uint64_t id, const std::string& why, bool quiet);
+  void CheckRevokes();
+  void OnTick();
+
+  Options opts_;
+  std::atomic<bool> initialized_{false};
+  std::string local_engine_;
+  bool listening_ = false;
+  uint64_t generation_ = 0;
+
+  memory::LocalRegions regions_;
+  ThreadPool copy_pool_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  EventLoop loop_;
+  net::Fd listen_fd_;
+
+  // Loop-thread state.
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::vector<Revoke> revokes_;
+  uint64_t next_conn_id_ = 1;
+
+  mutable std::mutex peers_mu_;
+  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;
+  std::set<std::string> connecting_;
+
+  std::mutex req_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<transport::Transfer>> reqs_;
+  uint64_t next_req_ = 1;
+
+  std::mutex alloc_mu_;
+  std::unordered_map<void*, Alloc> allocs_;
+
+  std::mutex dereg_mu_;
+  std::condition_variable dereg_cv_;
+  std::unordered_map<uint64_t, DeregWait> dereg_waits_;
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace hixl
+
+#endif  // HIXL_ENGINE_ENGINE_H_

@@ -1,0 +1,54 @@
+// hixl::Hixl: the public class forwards to Impl (see engine/engine.h).
+#include "hixl/hixl.h"
+
+#include "engine/engine.h"
+
+namespace hixl {
+
+Hixl::Hixl() : impl_(std::make_unique<Impl>()) {}
+Hixl::~Hixl() = default;
+
+Status Hixl::Initialize(const std::string& local_engine,
+                        const std::map<std::string, std::string>& options) {
+  return impl_->Initialize(local_engine, options);
+}
+void Hixl::Finalize() { impl_->Finalize(); }
+std::string Hixl::LocalEngine() const { return impl_->LocalEngine(); }
+
+Status Hixl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms) {
+  return impl_->RegisterMem(mem, type, handle, perms);
+}
+Status Hixl::DeregisterMem(MemHandle handle) { return impl_->DeregisterMem(handle); }
+Status Hixl::AllocMem(size_t size, MemType type, void** ptr) { return impl_->AllocMem(size, type, ptr); }
+Status Hixl::FreeMem(void* ptr) { return impl_->FreeMem(ptr); }
+Status Hixl::GetMemHandle(void* ptr, MemHandle& handle) const {
+  return impl_->GetMemHandle(ptr, handle);
+}
+
+Status Hixl::Connect(const std::string& remote_engine, int32_t timeout_ms) {
+  return impl_->Connect(remote_engine, timeout_ms);
+}
+Status Hixl::Disconnect(const std::string& remote_engine, int32_t timeout_ms) {
+  return impl_->Disconnect(remote_engine, timeout_ms);
+}
+Status Hixl::GetLinkType(const std::string& remote_engine, LinkType& type) const {
+  return impl_->GetLinkType(remote_engine, type);
+}
+
+Status Hixl::TransferSync(const std::string& remote_engine, TransferOp op,
+                          const std::vector<TransferOpDesc>& descs, int32_t timeout_ms) {
+  return impl_->TransferSync(remote_engine, op, descs, timeout_ms);
+}
+Status Hixl::TransferAsync(const std::string& remote_engine, TransferOp op,
+                           const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                           TransferReq& req) {
+  return impl_->TransferAsync(remote_engine, op, descs, args, req);
+}
+Status Hixl::GetTransferStatus(TransferReq req, TransferStatus& status) {
+  return impl_->GetTransferStatus(req, status, nullptr);
+}
+Status Hixl::GetTransferStatus(TransferReq req, TransferStatus& status, Status& reason) {
+  return impl_->GetTransferStatus(req, status, &reason);
+}
+
+}  // namespace hixl

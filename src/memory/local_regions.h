@@ -1,0 +1,56 @@
+// The table of regions this engine registered for remote access.
+// Regions never overlap; each has a non-zero id that is never reused within
+// one engine's life. Engine-allocated (AllocMem) regions also carry their
+// memfd, which the table owns and closes on removal.
+// Thread safety: all methods are thread-safe (one internal mutex).
+#ifndef HIXL_MEMORY_LOCAL_REGIONS_H_
+#define HIXL_MEMORY_LOCAL_REGIONS_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "hixl/hixl.h"
+
+namespace hixl::memory {
+
+struct LocalRegion {
+  uint64_t id = 0;
+  uintptr_t addr = 0;
+  size_t len = 0;
+  uint32_t perms = 0;
+  MemType type = MemType::MEM_HOST;
+  int memfd = -1;            // >= 0: engine-allocated, shareable by mapping
+  size_t mapped_len = 0;     // for engine-allocated: the mmap length
+};
+
+class LocalRegions {
+ public:
+  // Adds a region. Same addr and len as an existing region: returns that
+  // region's id with added=false. Partial overlap: PARAM_INVALID.
+  Status Add(const LocalRegion& r, uint64_t& id, bool& added);
+  // Removes and returns the region; nullopt if unknown.
+  std::optional<LocalRegion> Remove(uint64_t id);
+  std::optional<LocalRegion> Find(uint64_t id) const;
+  std::optional<LocalRegion> FindByStart(uintptr_t addr) const;
+  // Finds the region that wholly contains [addr, addr+len).
+  std::optional<LocalRegion> FindContaining(uintptr_t addr, size_t len) const;
+  std::vector<LocalRegion> Snapshot() const;
+  // dup() of a shareable region's memfd (caller closes), or -1.
+  int DupMemfd(uint64_t id, size_t& mapped_len) const;
+  // Removes everything, returning the regions.
+  std::vector<LocalRegion> Clear();
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t next_id_ = 1;
+  std::map<uintptr_t, LocalRegion> by_addr_;  // key: start address
+  std::unordered_map<uint64_t, uintptr_t> by_id_;
+};
+
+}  // namespace hixl::memory
+
+#endif  // HIXL_MEMORY_LOCAL_REGIONS_H_

@@ -1,0 +1,83 @@
+// What an initiator knows of one peer's registered regions, and the check of
+// transfer descriptors against them.
+//
+// A RemoteRegion is pinned (users > 0) by every transfer validated against
+// it until that transfer ends; the peer's removal of a region is
+// acknowledged only once it is unpinned, which is how DeregisterMem on the
+// peer knows no transfer still touches it.
+// Thread safety: RemoteRegionTable is thread-safe; a RemoteRegion's fields
+// are immutable once it is in a table, except users.
+#ifndef HIXL_MEMORY_REMOTE_REGIONS_H_
+#define HIXL_MEMORY_REMOTE_REGIONS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "hixl/hixl.h"
+
+namespace hixl::memory {
+
+struct RemoteRegion {
+  RemoteRegion(uint64_t id_, uintptr_t addr_, size_t len_, uint32_t perms_, bool shareable_)
+      : id(id_), addr(addr_), len(len_), perms(perms_), shareable(shareable_) {}
+  ~RemoteRegion();
+  RemoteRegion(const RemoteRegion&) = delete;
+  RemoteRegion& operator=(const RemoteRegion&) = delete;
+
+  const uint64_t id;
+  const uintptr_t addr;  // in the peer's address space
+  const size_t len;
+  const uint32_t perms;
+  const bool shareable;  // backed by a memfd the peer will pass us
+
+  // Set by a transport before the region is published: a local mapping of
+  // the peer's memory (shm), unmapped when the region is destroyed.
+  void* mapped = nullptr;
+  size_t mapped_len = 0;
+
+  std::atomic<int64_t> users{0};
+};
+
+using RegionRef = std::shared_ptr<RemoteRegion>;
+
+// One piece of a transfer: len bytes between local and remote.
+struct Slice {
+  uintptr_t local = 0;
+  uintptr_t remote = 0;
+  size_t len = 0;
+  RemoteRegion* region = nullptr;  // kept alive by the transfer's pins
+};
+
+class RemoteRegionTable {
+ public:
+  // Adds r unless a region with its id is known (returns false then).
+  bool Insert(RegionRef r);
+  bool Contains(uint64_t id) const;
+  // Removes the named regions (unknown ids are skipped) and returns them.
+  std::vector<RegionRef> Remove(const std::vector<uint64_t>& ids);
+  std::vector<RegionRef> RemoveAll();
+  size_t size() const;
+
+  // Checks every descriptor (non-zero length and addresses, no wrap-around,
+  // wholly inside one region, permission for op). On success fills slices
+  // and pins each region used; on failure changes nothing.
+  Status Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
+                 std::vector<Slice>& slices, std::vector<RegionRef>& pinned) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, RegionRef> by_addr_;
+  std::unordered_map<uint64_t, uintptr_t> by_id_;
+};
+
+// Drops the pins Resolve took.
+void Unpin(std::vector<RegionRef>& pinned);
+
+}  // namespace hixl::memory
+
+#endif  // HIXL_MEMORY_REMOTE_REGIONS_H_

@@ -1,0 +1,496 @@
+#include "transport/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/host.h"
+#include "common/log.h"
+
+namespace hixl::transport::shm {
+namespace {
+
+constexpr size_t kChunk = 16u << 20;      // stop/deadline checks at least this often
+constexpr size_t kMinPart = 512u << 10;   // never hand a thread less than this
+constexpr size_t kIovMax = 1024;          // IOV_MAX on Linux
+constexpr int kUdsRequestMs = 500;
+constexpr size_t kMaxUdsClients = 1024;
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// ---- target side: serves memfds to peers holding a token -------------------
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx), probe_value_(ctx.generation) {}
+  ~ShmTransport() override { Stop(); }
+
+  const char* name() const override { return "shm"; }
+  LinkType link_type() const override { return LinkType::SHM; }
+
+  Status Start() override {
+    if (!ctx_.listening) return Status::Ok();
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(ctx_.generation));
+    uds_name_ = "hixl-shm." + std::to_string(getpid()) + "." + hex;
+    if (Status s = net::UnixListen(uds_name_, listen_); !s.ok()) return s;
+    stop_efd_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stop_efd_.valid()) return net::ErrnoStatus("eventfd", errno);
+    server_ = std::thread([this] { Serve(); });
+    return Status::Ok();
+  }
+
+  void Stop() override {
+    if (server_.joinable()) {
+      uint64_t one = 1;
+      ssize_t r = ::write(stop_efd_.get(), &one, sizeof(one));
+      (void)r;
+      server_.join();
+    }
+    listen_.Reset();
+  }
+
+  void DescribeForPeer(uint64_t conn_id, wire::Msg& info) override {
+    if (uds_name_.empty()) return;
+    uint64_t token = host::RandomU64();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tokens_[token] = conn_id;
+    }
+    info = wire::Msg::object();
+    info["uds"] = uds_name_;
+    info["token"] = token;
+    info["probe"] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&probe_value_));
+  }
+
+  void ForgetPeer(uint64_t conn_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(tokens_, [&](const auto& kv) { return kv.second == conn_id; });
+  }
+
+  bool CanReach(const PeerInfo& peer, std::string& why) const override {
+    if (peer.host_id != host::HostIdentity()) {
+      why = "shm needs both engines on one host (same kernel, network and pid namespace); peer " +
+            peer.engine + " is on another host";
+      return false;
+    }
+    if (peer.info == nullptr || !peer.info->is_object()) {
+      why = "peer " + peer.engine + " offers no shm endpoint";
+      return false;
+    }
+    return true;
+  }
+
+  Status Connect(const PeerInfo& peer, net::Deadline deadline, std::unique_ptr<Channel>& out) override;
+
+ private:
+  void Serve();
+  void HandleRequest(int fd);
+
+  TransportContext ctx_;
+  const uint64_t probe_value_;  // peers read it by cross-memory attach to prove CMA works
+  std::string uds_name_;
+  net::Fd listen_;
+  net::Fd stop_efd_;
+  std::thread server_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, uint64_t> tokens_;  // token -> accepted connection
+};
+
+void ShmTransport::Serve() {
+  std::vector<net::Fd> conns;
+  for (;;) {
+    std::vector<pollfd> fds;
+    fds.push_back({stop_efd_.get(), POLLIN, 0});
+    fds.push_back({listen_.get(), POLLIN, 0});
+    for (auto& c : conns) fds.push_back({c.get(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      HIXL_LOG(ERROR) << "shm server poll failed: " << std::strerror(errno);
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    net::Fd accepted;  // joins conns after this round: fds has no entry for it yet
+    if (fds[1].revents & POLLIN) {
+      accepted.Reset(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (conns.size() >= kMaxUdsClients) accepted.Reset();
+    }
+    std::vector<net::Fd> keep;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      short ev = fds[i + 2].revents;
+      if (ev & (POLLERR | POLLHUP | POLLNVAL)) continue;  // closed: drop
+      if (ev & POLLIN) {
+        // A bad or slow request closes that connection only.
+        uint8_t hdr[wire::kFrameHeaderSize];
+        auto d = net::DeadlineAfterMs(kUdsRequestMs);
+        uint32_t len = 0;
+        wire::Msg req;
+        std::vector<uint8_t> body;
+        Status s = net::ReadFull(conns[i].get(), hdr, sizeof(hdr), d);
+        if (s.ok()) s = wire::DecodeFrameHeader(hdr, len);
+        if (s.ok() && len > 4096) s = Status::ParamInvalid("shm request too large");
+        if (s.ok()) {
+          body.resize(len);
+          s = net::ReadFull(conns[i].get(), body.data(), len, d);
+        }
+        if (s.ok()) s = wire::DecodeBody(body.data(), body.size(), req);
+        if (!s.ok()) {
+          if (s.code() != StatusCode::kNotConnected) {
+            HIXL_LOG(WARN) << "shm: dropping unix-socket client: " << s.ToString();
+          }
+          continue;
+        }
+        uint64_t token = 0, id = 0;
+        std::string type;
+        wire::GetStr(req, "t", type, 16);
+        wire::Msg reply = wire::Msg::object();
+        int fd = -1;
+        size_t mapped_len = 0;
+        bool token_ok = false;
+        if (type == "getfd" && wire::GetU64(req, "token", token) && wire::GetU64(req, "id", id)) {
+          std::lock_guard<std::mutex> lock(mu_);
+          token_ok = tokens_.count(token) != 0;
+        }
+        if (!token_ok) {
+          HIXL_LOG(WARN) << "shm: unix-socket request without a valid token refused";
+          continue;  // close: this client never completed a handshake
+        }
+        fd = ctx_.regions->DupMemfd(id, mapped_len);
+        if (fd < 0) {
+          reply["t"] = "err";
+          reply["reason"] = "region " + std::to_string(id) + " is not a registered shareable region";
+        } else {
+          reply["t"] = "fd";
+          reply["id"] = id;
+          reply["size"] = static_cast<uint64_t>(mapped_len);
+        }
+        auto frame = wire::EncodeFrame(reply);
+        s = net::SendWithFd(conns[i].get(), frame.data(), frame.size(), fd,
+                            net::DeadlineAfterMs(kUdsRequestMs));
+        if (fd >= 0) ::close(fd);
+        if (!s.ok()) continue;
+      }
+      keep.push_back(std::move(conns[i]));
+    }
+    if (accepted.valid()) keep.push_back(std::move(accepted));
+    conns = std::move(keep);
+  }
+}
+
+// ---- initiator side ---------------------------------------------------------
+
+class ShmChannel final : public Channel {
+ public:
+  ShmChannel(const TransportContext& ctx, const PeerInfo& peer, net::Fd uds, uint64_t token)
+      : ctx_(ctx), engine_(peer.engine), pid_(static_cast<pid_t>(peer.pid)), uds_(std::move(uds)),
+        token_(token) {}
+
+  LinkType link_type() const override { return LinkType::SHM; }
+
+  void SetCma(bool ok, std::string why) {
+    cma_ok_ = ok;
+    cma_error_ = std::move(why);
+  }
+
+  Status PrepareRegion(memory::RemoteRegion& r) override;
+  void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
+  void Close() override { closed_.store(true, std::memory_order_release); }
+
+ private:
+  // Runs slices[begin, end) where the first slice starts first_off bytes in
+  // and the last one ends at last_len (0: whole).
+  struct Part {
+    size_t begin = 0, end = 0;
+    size_t first_off = 0;
+    size_t last_end = 0;  // bytes of slices[end-1] to cover, from its start
+  };
+  Status RunPart(const Transfer& t, const Part& p) const;
+  Status CopyMapped(TransferOp op, const memory::Slice& s, size_t off, size_t len) const;
+  Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n, size_t bytes) const;
+  std::vector<Part> Split(const Transfer& t) const;
+
+  TransportContext ctx_;
+  std::string engine_;
+  pid_t pid_;
+  std::mutex uds_mu_;
+  net::Fd uds_;
+  uint64_t token_;
+  bool cma_ok_ = false;
+  std::string cma_error_;
+  std::atomic<bool> closed_{false};
+};
+
+Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
+                             std::unique_ptr<Channel>& out) {
+  std::string uds;
+  uint64_t token = 0, probe = 0;
+  if (!wire::GetStr(*peer.info, "uds", uds, 100) || !wire::GetU64(*peer.info, "token", token) ||
+      !wire::GetU64(*peer.info, "probe", probe)) {
+    return Status::Failed("peer " + peer.engine + " sent a malformed shm endpoint");
+  }
+  net::Fd sock;
+  if (Status s = net::UnixConnect(uds, deadline, sock); !s.ok()) {
+    return Status::Unsupported("shm: cannot reach peer " + peer.engine + "'s unix socket (" +
+                               s.message() + ")");
+  }
+  auto ch = std::make_unique<ShmChannel>(ctx_, peer, std::move(sock), token);
+  // Prove cross-memory attach works on this very process: read its
+  // generation from the address it told us.
+  uint64_t got = 0;
+  iovec l{&got, sizeof(got)};
+  iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(probe)), sizeof(got)};
+  ssize_t n = process_vm_readv(static_cast<pid_t>(peer.pid), &l, 1, &r, 1, 0);
+  if (n == static_cast<ssize_t>(sizeof(got)) && got == peer.generation) {
+    ch->SetCma(true, "");
+  } else {
+    int err = n < 0 ? errno : 0;
+    std::string why = n < 0 ? std::string(std::strerror(err)) : "probe mismatch (pid not the peer's)";
+    std::string msg = "cross-memory attach (process_vm_writev/readv) to peer " + peer.engine +
+                      " (pid " + std::to_string(peer.pid) + ") is refused: " + why +
+                      (err == EPERM ? " (ptrace permission: same user needed; check "
+                                      "/proc/sys/kernel/yama/ptrace_scope)"
+                                    : "") +
+                      "; only memory from the peer's AllocMem is reachable";
+    HIXL_LOG(INFO) << msg;
+    ch->SetCma(false, msg);
+  }
+  out = std::move(ch);
+  return Status::Ok();
+}
+
+Status ShmChannel::PrepareRegion(memory::RemoteRegion& r) {
+  if (!r.shareable) return Status::Ok();
+  wire::Msg req = wire::Msg::object();
+  req["t"] = "getfd";
+  req["token"] = token_;
+  req["id"] = r.id;
+  auto frame = wire::EncodeFrame(req);
+  std::lock_guard<std::mutex> lock(uds_mu_);
+  auto d = net::DeadlineAfterMs(2000);
+  if (Status s = net::WriteFull(uds_.get(), frame.data(), frame.size(), d); !s.ok()) {
+    return Status::Failed("shm: requesting region " + std::to_string(r.id) + " from " + engine_ +
+                          ": " + s.message());
+  }
+  uint8_t hdr[wire::kFrameHeaderSize];
+  net::Fd memfd;
+  uint32_t len = 0;
+  Status s = net::RecvWithFd(uds_.get(), hdr, sizeof(hdr), &memfd, d);
+  if (s.ok()) s = wire::DecodeFrameHeader(hdr, len);
+  if (s.ok() && len > 4096) s = Status::ParamInvalid("reply too large");
+  std::vector<uint8_t> body(len);
+  if (s.ok()) s = net::RecvWithFd(uds_.get(), body.data(), len, &memfd, d);
+  wire::Msg reply;
+  if (s.ok()) s = wire::DecodeBody(body.data(), body.size(), reply);
+  if (!s.ok()) {
+    return Status::Failed("shm: bad reply for region " + std::to_string(r.id) + " from " + engine_ +
+                          ": " + s.message());
+  }
+  std::string type;
+  wire::GetStr(reply, "t", type, 16);
+  uint64_t id = 0, size = 0;
+  if (type != "fd" || !wire::GetU64(reply, "id", id) || id != r.id ||
+      !wire::GetU64(reply, "size", size) || !memfd.valid()) {
+    std::string reason;
+    wire::GetStr(reply, "reason", reason);
+    return Status::Failed("shm: peer " + engine_ + " did not pass region " + std::to_string(r.id) +
+                          (reason.empty() ? "" : ": " + reason));
+  }
+  // Never map something that could shrink under us or is shorter than the region.
+  struct stat st;
+  int seals = fcntl(memfd.get(), F_GET_SEALS);
+  if (fstat(memfd.get(), &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 ||
+      (seals & F_SEAL_SHRINK) == 0 || static_cast<uint64_t>(st.st_size) < size || size < r.len) {
+    return Status::Failed("shm: region " + std::to_string(r.id) + " from " + engine_ +
+                          " is not a sealed memfd covering the region; refusing to map it");
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+  if (p == MAP_FAILED) return net::ErrnoStatus("shm: mmap of peer region", errno);
+  r.mapped = p;
+  r.mapped_len = size;
+  return Status::Ok();
+}
+
+std::vector<ShmChannel::Part> ShmChannel::Split(const Transfer& t) const {
+  const size_t total = t.bytes();
+  size_t n = static_cast<size_t>(std::max(1, ctx_.copy_threads));
+  n = std::min(n, std::max<size_t>(1, total / kMinPart));
+  const size_t per = (total + n - 1) / n;
+  std::vector<Part> parts;
+  size_t i = 0, off = 0;  // where the next part starts: slice i, byte off
+  for (size_t k = 0; k < n && i < t.slices.size(); ++k) {
+    size_t want = (k + 1 == n) ? SIZE_MAX : per;
+    Part p;
+    p.begin = i;
+    p.first_off = off;
+    while (i < t.slices.size() && want > 0) {
+      size_t left = t.slices[i].len - off;
+      if (left <= want) {
+        want -= left;
+        p.last_end = t.slices[i].len;
+        ++i;
+        off = 0;
+        p.end = i;
+      } else {  // the part ends inside slice i; the next one resumes there
+        off += want;
+        p.last_end = off;
+        p.end = i + 1;
+        want = 0;
+      }
+    }
+    parts.push_back(p);
+  }
+  return parts;
+}
+
+Status ShmChannel::CopyMapped(TransferOp op, const memory::Slice& s, size_t off, size_t len) const {
+  char* remote = static_cast<char*>(s.region->mapped) + (s.remote - s.region->addr) + off;
+  char* local = reinterpret_cast<char*>(s.local) + off;
+  if (op == TransferOp::WRITE) {
+    std::memcpy(remote, local, len);
+  } else {
+    std::memcpy(local, remote, len);
+  }
+  return Status::Ok();
+}
+
+Status ShmChannel::CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
+                           size_t bytes) const {
+  if (!cma_ok_) return Status::Unsupported(cma_error_);
+  // process_vm_* moves fewer bytes than asked only when it meets a fault.
+  ssize_t r = op == TransferOp::WRITE ? process_vm_writev(pid_, local, n, remote, n, 0)
+                                      : process_vm_readv(pid_, local, n, remote, n, 0);
+  if (r < 0) {
+    int err = errno;
+    if (err == ESRCH) return Status::NotConnected("peer " + engine_ + " process is gone");
+    if (err == EFAULT) {
+      return Status::Failed("cross-memory attach to " + engine_ +
+                            " hit unmapped memory (a local buffer is invalid, or the peer freed a "
+                            "region it had registered)");
+    }
+    return net::ErrnoStatus("cross-memory attach to " + engine_, err);
+  }
+  if (static_cast<size_t>(r) != bytes) {
+    return Status::Failed("cross-memory attach to " + engine_ + " moved " + std::to_string(r) +
+                          " of " + std::to_string(bytes) +
+                          " bytes (part of a local buffer or of the peer's region is not mapped)");
+  }
+  return Status::Ok();
+}
+
+Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
+  iovec liov[kIovMax], riov[kIovMax];
+  size_t n = 0, batch_bytes = 0;
+  auto flush = [&]() -> Status {
+    if (n == 0) return Status::Ok();
+    Status s = CopyCma(t.op, liov, riov, n, batch_bytes);
+    n = 0;
+    batch_bytes = 0;
+    return s;
+  };
+  size_t since_check = 0;
+  for (size_t i = p.begin; i < p.end; ++i) {
+    const memory::Slice& s = t.slices[i];
+    size_t off = (i == p.begin) ? p.first_off : 0;
+    size_t end = (i + 1 == p.end) ? p.last_end : s.len;
+    while (off < end) {
+      size_t len = std::min(end - off, kChunk);
+      if (since_check >= kChunk || (i - p.begin) % 1024 == 0) {
+        if (Status c = t.CheckContinue(); !c.ok()) return c;
+        if (closed_.load(std::memory_order_acquire)) {
+          return Status::NotConnected("link to " + engine_ + " was closed");
+        }
+        since_check = 0;
+      }
+      if (s.region->mapped != nullptr) {
+        if (Status st = CopyMapped(t.op, s, off, len); !st.ok()) return st;
+      } else {
+        liov[n] = {reinterpret_cast<void*>(s.local + off), len};
+        riov[n] = {reinterpret_cast<void*>(s.remote + off), len};
+        ++n;
+        batch_bytes += len;
+        if (n == kIovMax || batch_bytes >= kChunk) {
+          if (Status st = flush(); !st.ok()) return st;
+        }
+      }
+      off += len;
+      since_check += len;
+    }
+  }
+  return flush();
+}
+
+void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
+  std::vector<Part> parts = Split(*t);
+  t->SetParts(static_cast<int>(parts.size()));
+  size_t first_pooled = caller_waits ? 1 : 0;
+  for (size_t i = first_pooled; i < parts.size(); ++i) {
+    Part p = parts[i];
+    bool queued = ctx_.copy_pool->Submit([this, t, p] { t->PartDone(RunPart(*t, p)); });
+    if (!queued) t->PartDone(Status::Failed("engine is shutting down"));
+  }
+  if (caller_waits) t->PartDone(RunPart(*t, parts[0]));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeShmTransport(const TransportContext& ctx) {
+  return std::make_unique<ShmTransport>(ctx);
+}
+
+Status AllocShareable(size_t size, int& memfd, void*& addr, size_t& mapped_len) {
+  constexpr size_t kHuge = 2u << 20;
+  // Huge pages first when the size suits them; the system may have none.
+  for (bool huge : {true, false}) {
+    if (huge && size < kHuge) continue;
+    size_t len = RoundUp(size, huge ? kHuge : static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB : 0u);
+    net::Fd fd(memfd_create("hixl-mem", flags));
+    if (!fd.valid()) {
+      if (huge) continue;
+      return net::ErrnoStatus("memfd_create", errno);
+    }
+    if (ftruncate(fd.get(), static_cast<off_t>(len)) != 0) {
+      if (huge) continue;
+      return net::ErrnoStatus("ftruncate of memfd", errno);
+    }
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) {
+      if (huge) continue;
+      return net::ErrnoStatus("mmap of memfd", errno);
+    }
+    // Commit the pages now (as a device allocator would): the first transfer
+    // into fresh memory would otherwise pay for allocating every page, and
+    // huge pages could SIGBUS later if the pool ran dry.
+    if (madvise(p, len, MADV_POPULATE_WRITE) != 0) {
+      int err = errno;
+      munmap(p, len);
+      if (huge) continue;
+      return net::ErrnoStatus("committing shareable memory", err);
+    }
+    if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      munmap(p, len);
+      if (huge) continue;
+      return net::ErrnoStatus("sealing memfd", errno);
+    }
+    memfd = fd.release();
+    addr = p;
+    mapped_len = len;
+    return Status::Ok();
+  }
+  return Status::ResourceExhausted("cannot allocate shareable memory");
+}
+
+}  // namespace hixl::transport::shm

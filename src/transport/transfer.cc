@@ -1,0 +1,84 @@
+#include "transport/transfer.h"
+
+namespace hixl::transport {
+
+Transfer::Transfer(TransferOp op_, std::vector<memory::Slice> slices_,
+                   std::vector<memory::RegionRef> pins, net::Deadline deadline_,
+                   std::shared_ptr<const void> keepalive)
+    : op(op_),
+      slices(std::move(slices_)),
+      deadline(deadline_),
+      pins_(std::move(pins)),
+      keepalive_(std::move(keepalive)) {
+  for (const auto& s : slices) bytes_ += s.len;
+}
+
+Transfer::~Transfer() {
+  // A transfer dropped before it ended (e.g. never submitted) still unpins.
+  std::lock_guard<std::mutex> lock(mu_);
+  memory::Unpin(pins_);
+}
+
+void Transfer::RequestStop(Status why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_.load(std::memory_order_relaxed)) return;
+  stop_reason_ = std::move(why);
+  stop_.store(true, std::memory_order_release);
+}
+
+Status Transfer::CheckContinue() const {
+  if (stop_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_reason_;
+  }
+  if (deadline != net::Deadline::max() && net::Clock::now() >= deadline) {
+    return Status::Timeout("transfer deadline passed");
+  }
+  return Status::Ok();
+}
+
+void Transfer::PartDone(const Status& s) {
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_error_.ok()) first_error_ = s;
+  }
+  if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    Status end;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      end = first_error_;
+    }
+    End(end);
+  }
+}
+
+void Transfer::End(Status s) {
+  std::shared_ptr<const void> keepalive;  // released after the lock, last
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.load(std::memory_order_relaxed) != TransferStatus::WAITING) return;
+  keepalive.swap(keepalive_);
+  memory::Unpin(pins_);
+  reason_ = std::move(s);
+  TransferStatus st = reason_.ok()                              ? TransferStatus::COMPLETED
+                      : reason_.code() == StatusCode::kTimeout ? TransferStatus::TIMEOUT
+                                                                : TransferStatus::FAILED;
+  state_.store(st, std::memory_order_release);
+  cv_.notify_all();
+}
+
+Status Transfer::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+bool Transfer::WaitDone(net::Deadline d) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [this] { return state_.load(std::memory_order_acquire) != TransferStatus::WAITING; };
+  if (d == net::Deadline::max()) {
+    cv_.wait(lock, done);
+    return true;
+  }
+  return cv_.wait_until(lock, d, done);
+}
+
+}  // namespace hixl::transport

@@ -1,0 +1,69 @@
+// One transfer request as the transports see it: validated slices, the
+// region pins that keep the peer's regions alive, a stop flag, and the end
+// state. A transfer ends exactly once; after it has ended no transport
+// touches its memory again.
+// Thread safety: all methods are thread-safe.
+#ifndef HIXL_TRANSPORT_TRANSFER_H_
+#define HIXL_TRANSPORT_TRANSFER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/net.h"
+#include "hixl/hixl.h"
+#include "memory/remote_regions.h"
+
+namespace hixl::transport {
+
+class Transfer {
+ public:
+  // keepalive: what must outlive the transfer's execution (the peer and its
+  // channel); released when the transfer ends.
+  Transfer(TransferOp op, std::vector<memory::Slice> slices, std::vector<memory::RegionRef> pins,
+           net::Deadline deadline, std::shared_ptr<const void> keepalive = nullptr);
+  ~Transfer();
+
+  const TransferOp op;
+  const std::vector<memory::Slice> slices;
+  const net::Deadline deadline;
+  size_t bytes() const { return bytes_; }
+
+  // Asks every part to stop at its next check; the first reason wins.
+  void RequestStop(Status why);
+  bool StopRequested() const { return stop_.load(std::memory_order_acquire); }
+  // The reason a part should end with now (stop requested or deadline passed), or OK.
+  Status CheckContinue() const;
+
+  // The transfer runs as n parts; each calls PartDone once. The last one ends it.
+  void SetParts(int n) { parts_left_.store(n, std::memory_order_release); }
+  void PartDone(const Status& s);
+
+  bool Done() const { return state_.load(std::memory_order_acquire) != TransferStatus::WAITING; }
+  TransferStatus state() const { return state_.load(std::memory_order_acquire); }
+  Status reason() const;
+  // Waits until the transfer ended or the deadline passed; true if it ended.
+  bool WaitDone(net::Deadline d) const;
+
+ private:
+  void End(Status s);
+
+  size_t bytes_ = 0;
+  std::vector<memory::RegionRef> pins_;
+  std::shared_ptr<const void> keepalive_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> parts_left_{1};
+  std::atomic<TransferStatus> state_{TransferStatus::WAITING};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  Status stop_reason_;
+  Status first_error_;
+  Status reason_;
+};
+
+}  // namespace hixl::transport
+
+#endif  // HIXL_TRANSPORT_TRANSFER_H_

@@ -1,0 +1,109 @@
+// The interface every transport implements, and the registry that creates
+// them by name.
+//
+// A Transport is created once per engine. On the target side it adds what a
+// peer needs to reach it to the handshake (DescribeForPeer). On the
+// initiator side Connect turns the peer's handshake into a Channel, which
+// prepares remote regions for access and executes transfers.
+// Transports never validate descriptors against the peer's table themselves
+// for the initiator (the engine has done it); a transport whose target side
+// receives data (tcp) validates again against its own LocalRegions.
+// Thread safety: Transport and Channel methods may be called from any thread.
+#ifndef HIXL_TRANSPORT_TRANSPORT_H_
+#define HIXL_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "common/thread_pool.h"
+#include "common/wire.h"
+#include "hixl/hixl.h"
+#include "memory/local_regions.h"
+#include "memory/remote_regions.h"
+#include "transport/transfer.h"
+
+namespace hixl::transport {
+
+// What the engine learned about a peer in the handshake.
+struct PeerInfo {
+  std::string engine;
+  std::string address;  // the peer's IP as this engine reached it
+  uint64_t generation = 0;
+  std::string host_id;
+  int64_t pid = 0;
+  const wire::Msg* info = nullptr;  // this transport's section of the handshake, or null
+};
+
+// Engine services a transport may use. Pointers outlive the transport.
+struct TransportContext {
+  uint64_t generation = 0;
+  bool listening = false;  // the engine accepts peers
+  memory::LocalRegions* regions = nullptr;
+  ThreadPool* copy_pool = nullptr;
+  int copy_threads = 1;
+  std::string listen_host;  // the control listener's IP
+  int tcp_lanes = 2;
+  size_t tcp_slice_size = 1u << 20;
+  int tcp_io_threads = 2;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  virtual LinkType link_type() const = 0;
+  // Makes a remote region usable (e.g. maps the peer's shared memory) before
+  // the engine publishes it to transfers.
+  virtual Status PrepareRegion(memory::RemoteRegion& r) = 0;
+  // Starts t. When caller_waits the transport may run it on the calling
+  // thread. The transport ends t exactly once (through Transfer::PartDone).
+  virtual void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) = 0;
+  // Stops using the peer: transfers not yet finished end FAILED.
+  virtual void Close() = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual LinkType link_type() const = 0;
+  virtual Status Start() = 0;
+  virtual void Stop() = 0;
+  // Target side: fills info with what the accepted peer conn_id needs to
+  // use this transport; ForgetPeer revokes it.
+  virtual void DescribeForPeer(uint64_t conn_id, wire::Msg& info) = 0;
+  virtual void ForgetPeer(uint64_t conn_id) = 0;
+  // Initiator side.
+  virtual bool CanReach(const PeerInfo& peer, std::string& why) const = 0;
+  virtual Status Connect(const PeerInfo& peer, net::Deadline deadline,
+                         std::unique_ptr<Channel>& out) = 0;
+};
+
+class TransportRegistry {
+ public:
+  using Factory = std::function<std::unique_ptr<Transport>(const TransportContext&)>;
+  struct Entry {
+    std::string name;
+    LinkType type;
+    int preference;  // lower is tried first under LinkType AUTO
+    Factory factory;
+  };
+
+  // The process-wide registry, holding the built-in transports.
+  static TransportRegistry& Global();
+
+  void Register(Entry e);
+  // Entries sorted by preference.
+  std::vector<Entry> Entries() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace hixl::transport
+
+#endif  // HIXL_TRANSPORT_TRANSPORT_H_

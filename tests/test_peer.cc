@@ -1,0 +1,375 @@
+// tests/test_peer.cc — hixl_test_peer: a separate process with its own hixl
+// engine, driven line by line over stdin/stdout by the behaviour tests.
+//
+// Usage: hixl_test_peer [--listen ADDR] [--opt Key=Value]...
+// On start: Initialize(ADDR, options) (ADDR defaults to "127.0.0.1:0") and
+// print "READY <LocalEngine()>"
+// (or "ERR <status>" and exit 2). Then one reply line per command line:
+//
+//   alloc NAME SIZE            AllocMem                         -> OK <addr>
+//   reg NAME SIZE PERMS        allocate SIZE + 2*4096 guard bytes (0xCD) as
+//                              plain anonymous memory (mmap, zero-filled; not
+//                              engine memory), register the middle SIZE bytes,
+//                              PERMS r|w|rw|none -> OK <addr>
+//   regsplit A B SIZE PERMS    one block with guards holding two ADJACENT
+//                              regions A=[m, m+SIZE) and B=[m+SIZE, m+2*SIZE),
+//                              each registered separately  -> OK <addrA> <addrB>
+//   buf NAME SIZE              plain buffer (zero-filled), not registered -> OK <addr>
+//   addr NAME                  -> OK <addr> <size>
+//   fill NAME BYTE             memset the region (BYTE decimal or 0xNN)
+//   fillpat NAME SEED          hixl_test::FillPattern over the region
+//   hash NAME OFFSET LEN       -> OK <hixl_test::Fnv1a64 as 16 hex digits>
+//   canary NAME                -> OK intact | ERR canary damaged at offset X
+//   dereg NAME                 DeregisterMem (memory stays allocated)
+//   free NAME                  FreeMem for alloc, DeregisterMem + free otherwise
+//   connect ENGINE [TIMEOUT_MS]
+//   disconnect ENGINE
+//   linktype ENGINE            -> OK <LinkTypeName>
+//   write NAME OFFSET ENGINE REMOTE_ADDR LEN [TIMEOUT_MS]   TransferSync WRITE
+//   read  NAME OFFSET ENGINE REMOTE_ADDR LEN [TIMEOUT_MS]   TransferSync READ
+//   engine                     -> OK <LocalEngine()>
+//   ping                       -> OK pong
+//   quit                       Finalize, reply OK, exit 0
+// Stdin EOF behaves like quit. Failures answer "ERR <Status::ToString()>".
+//
+// The engine may log to stdout; replies therefore go to a private duplicate of
+// the original stdout and fd 1 is pointed at stderr before the engine starts.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "hixl/hixl.h"
+#include "peer_process.h"
+
+namespace {
+
+constexpr size_t kGuard = 4096;
+constexpr unsigned char kCanary = 0xCD;
+
+FILE* g_reply = nullptr;
+
+void Reply(const std::string& line) {
+  std::string l = line;
+  for (char& c : l) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::fprintf(g_reply, "%s\n", l.c_str());
+  std::fflush(g_reply);
+}
+
+std::string Err(const hixl::Status& s) { return "ERR " + s.ToString(); }
+
+// guard | payload | guard, from mmap: zeroed and page-aligned without
+// touching the payload (a memset of hundreds of MiB is slow under TSan).
+struct Block {
+  unsigned char* base = nullptr;
+  size_t total = 0;
+  size_t mapped = 0;
+  ~Block() {
+    if (base) munmap(base, mapped);
+  }
+};
+
+enum class Kind { kAlloc, kReg, kBuf };
+
+struct Region {
+  Kind kind = Kind::kReg;
+  unsigned char* addr = nullptr;
+  size_t size = 0;
+  hixl::MemHandle handle = 0;
+  bool registered = false;
+  std::shared_ptr<Block> block;  // kReg / kBuf
+};
+
+bool ParsePerms(const std::string& s, uint32_t& perms) {
+  if (s == "r") perms = hixl::MEM_PERM_READ;
+  else if (s == "w") perms = hixl::MEM_PERM_WRITE;
+  else if (s == "rw") perms = hixl::MEM_PERM_READ_WRITE;
+  else if (s == "none") perms = hixl::MEM_PERM_NONE;
+  else return false;
+  return true;
+}
+
+std::shared_ptr<Block> NewBlock(size_t payload) {
+  auto b = std::make_shared<Block>();
+  b->total = payload + 2 * kGuard;
+  b->mapped = (b->total + kGuard - 1) / kGuard * kGuard;
+  void* p = mmap(nullptr, b->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  b->base = static_cast<unsigned char*>(p);
+  std::memset(b->base, kCanary, kGuard);
+  std::memset(b->base + kGuard + payload, kCanary, kGuard);
+  return b;
+}
+
+class Peer {
+ public:
+  hixl::Hixl engine;
+  std::map<std::string, Region> regions;
+
+  Region* Find(const std::string& name) {
+    auto it = regions.find(name);
+    return it == regions.end() ? nullptr : &it->second;
+  }
+
+  // Returns false when the peer should exit.
+  bool Handle(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd.empty()) {
+      Reply("ERR empty command");
+      return true;
+    }
+    if (cmd == "quit") {
+      engine.Finalize();
+      Reply("OK");
+      return false;
+    }
+    if (cmd == "ping") return Reply("OK pong"), true;
+    if (cmd == "engine") return Reply("OK " + engine.LocalEngine()), true;
+    if (cmd == "alloc") {
+      std::string name;
+      size_t size = 0;
+      if (!(in >> name >> size) || Find(name)) return Reply("ERR usage/duplicate"), true;
+      void* p = nullptr;
+      hixl::Status s = engine.AllocMem(size, hixl::MemType::MEM_HOST, &p);
+      if (!s.ok()) return Reply(Err(s)), true;
+      Region r;
+      r.kind = Kind::kAlloc;
+      r.addr = static_cast<unsigned char*>(p);
+      r.size = size;
+      r.registered = true;
+      hixl::Status hs = engine.GetMemHandle(p, r.handle);
+      if (!hs.ok()) return Reply("ERR GetMemHandle after AllocMem: " + hs.ToString()), true;
+      regions[name] = r;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(p))), true;
+    }
+    if (cmd == "reg" || cmd == "buf") {
+      std::string name, perm_s = "rw";
+      size_t size = 0;
+      if (!(in >> name >> size) || Find(name)) return Reply("ERR usage/duplicate"), true;
+      if (cmd == "reg") in >> perm_s;
+      uint32_t perms = 0;
+      if (!ParsePerms(perm_s, perms)) return Reply("ERR bad perms"), true;
+      Region r;
+      r.kind = cmd == "reg" ? Kind::kReg : Kind::kBuf;
+      r.block = NewBlock(size);
+      if (!r.block) return Reply("ERR out of memory"), true;
+      r.addr = r.block->base + kGuard;
+      r.size = size;
+      if (cmd == "reg") {
+        hixl::MemDesc d{reinterpret_cast<uintptr_t>(r.addr), size};
+        hixl::Status s = engine.RegisterMem(d, hixl::MemType::MEM_HOST, r.handle, perms);
+        if (!s.ok()) return Reply(Err(s)), true;
+        r.registered = true;
+      }
+      regions[name] = r;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(r.addr))), true;
+    }
+    if (cmd == "regsplit") {
+      std::string a, b, perm_s;
+      size_t size = 0;
+      if (!(in >> a >> b >> size >> perm_s) || Find(a) || Find(b) || a == b)
+        return Reply("ERR usage/duplicate"), true;
+      uint32_t perms = 0;
+      if (!ParsePerms(perm_s, perms)) return Reply("ERR bad perms"), true;
+      auto block = NewBlock(2 * size);
+      if (!block) return Reply("ERR out of memory"), true;
+      Region ra, rb;
+      ra.kind = rb.kind = Kind::kReg;
+      ra.block = rb.block = block;
+      ra.addr = block->base + kGuard;
+      rb.addr = ra.addr + size;
+      ra.size = rb.size = size;
+      for (Region* r : {&ra, &rb}) {
+        hixl::MemDesc d{reinterpret_cast<uintptr_t>(r->addr), size};
+        hixl::Status s = engine.RegisterMem(d, hixl::MemType::MEM_HOST, r->handle, perms);
+        if (!s.ok()) {
+          if (ra.registered) (void)engine.DeregisterMem(ra.handle);
+          return Reply(Err(s)), true;
+        }
+        r->registered = true;
+      }
+      regions[a] = ra;
+      regions[b] = rb;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(ra.addr)) + " " +
+                   std::to_string(reinterpret_cast<uintptr_t>(rb.addr))),
+             true;
+    }
+    if (cmd == "addr") {
+      std::string name;
+      in >> name;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(r->addr)) + " " +
+                   std::to_string(r->size)),
+             true;
+    }
+    if (cmd == "fill") {
+      std::string name, byte_s;
+      in >> name >> byte_s;
+      Region* r = Find(name);
+      if (!r || byte_s.empty()) return Reply("ERR no such region/usage"), true;
+      unsigned long v = std::strtoul(byte_s.c_str(), nullptr, 0);
+      std::memset(r->addr, static_cast<int>(v & 0xff), r->size);
+      return Reply("OK"), true;
+    }
+    if (cmd == "fillpat") {
+      std::string name;
+      uint64_t seed = 0;
+      in >> name >> seed;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      hixl_test::FillPattern(r->addr, r->size, seed);
+      return Reply("OK"), true;
+    }
+    if (cmd == "hash") {
+      std::string name;
+      size_t off = 0, len = 0;
+      if (!(in >> name >> off >> len)) return Reply("ERR usage"), true;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      if (off > r->size || len > r->size - off) return Reply("ERR range outside region"), true;
+      return Reply("OK " + hixl_test::HashHex(hixl_test::Fnv1a64(r->addr + off, len))), true;
+    }
+    if (cmd == "canary") {
+      std::string name;
+      in >> name;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      if (!r->block) return Reply("OK intact"), true;  // AllocMem memory has no guards
+      const Block& b = *r->block;
+      for (size_t i = 0; i < kGuard; ++i) {
+        if (b.base[i] != kCanary)
+          return Reply("ERR canary damaged at offset " + std::to_string(i)), true;
+        size_t j = b.total - kGuard + i;
+        if (b.base[j] != kCanary)
+          return Reply("ERR canary damaged at offset " + std::to_string(j)), true;
+      }
+      return Reply("OK intact"), true;
+    }
+    if (cmd == "dereg") {
+      std::string name;
+      in >> name;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      hixl::Status s = engine.DeregisterMem(r->handle);
+      if (!s.ok()) return Reply(Err(s)), true;
+      r->registered = false;
+      return Reply("OK"), true;
+    }
+    if (cmd == "free") {
+      std::string name;
+      in >> name;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      hixl::Status s;
+      if (r->kind == Kind::kAlloc) {
+        s = engine.FreeMem(r->addr);
+      } else if (r->registered) {
+        s = engine.DeregisterMem(r->handle);
+      }
+      regions.erase(name);  // frees the block when no other region shares it
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK"), true;
+    }
+    if (cmd == "connect" || cmd == "disconnect") {
+      std::string eng;
+      int32_t timeout = cmd == "connect" ? 3000 : 1000;
+      in >> eng;
+      int32_t t = 0;
+      if (in >> t) timeout = t;
+      hixl::Status s = cmd == "connect" ? engine.Connect(eng, timeout)
+                                        : engine.Disconnect(eng, timeout);
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK"), true;
+    }
+    if (cmd == "linktype") {
+      std::string eng;
+      in >> eng;
+      hixl::LinkType t{};
+      hixl::Status s = engine.GetLinkType(eng, t);
+      if (!s.ok()) return Reply(Err(s)), true;
+      const char* n = hixl::LinkTypeName(t);
+      return Reply(std::string("OK ") + (n ? n : "(null)")), true;
+    }
+    if (cmd == "write" || cmd == "read") {
+      std::string name, eng;
+      size_t off = 0, len = 0;
+      uintptr_t remote = 0;
+      int32_t timeout = 10000;
+      if (!(in >> name >> off >> eng >> remote >> len)) return Reply("ERR usage"), true;
+      int32_t t = 0;
+      if (in >> t) timeout = t;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      if (off > r->size || len > r->size - off) return Reply("ERR range outside region"), true;
+      hixl::TransferOpDesc d{reinterpret_cast<uintptr_t>(r->addr + off), remote, len};
+      hixl::Status s = engine.TransferSync(
+          eng, cmd == "write" ? hixl::TransferOp::WRITE : hixl::TransferOp::READ, {d}, timeout);
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK"), true;
+    }
+    Reply("ERR unknown command: " + cmd);
+    return true;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Replies go to the original stdout; anything else written to fd 1 (engine
+  // logs) goes to stderr so it cannot corrupt the protocol.
+  int reply_fd = dup(1);
+  if (reply_fd < 0 || dup2(2, 1) < 0) return 3;
+  g_reply = fdopen(reply_fd, "w");
+  if (g_reply == nullptr) return 3;
+
+  std::map<std::string, std::string> opts;
+  std::string listen = "127.0.0.1:0";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--listen" && i + 1 < argc) {
+      listen = argv[++i];
+    } else if (a == "--opt" && i + 1 < argc) {
+      std::string kv = argv[++i];
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos) {
+        Reply("ERR bad --opt " + kv);
+        return 2;
+      }
+      opts[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else {
+      Reply("ERR unknown argument " + a);
+      return 2;
+    }
+  }
+
+  auto peer = std::make_unique<Peer>();
+  hixl::Status s = peer->engine.Initialize(listen, opts);
+  if (!s.ok()) {
+    Reply(Err(s));
+    return 2;
+  }
+  Reply("READY " + peer->engine.LocalEngine());
+
+  std::string line;
+  bool go_on = true;
+  while (go_on && std::getline(std::cin, line)) {
+    go_on = peer->Handle(line);
+  }
+  // quit or stdin EOF: Finalize before the memory behind registrations goes.
+  peer->engine.Finalize();
+  peer.reset();
+  std::fclose(g_reply);
+  return 0;
+}

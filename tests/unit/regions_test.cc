@@ -1,0 +1,94 @@
+// Unit tests of the local region table and of descriptor validation against
+// a peer's regions.
+#include <gtest/gtest.h>
+
+#include "memory/local_regions.h"
+#include "memory/remote_regions.h"
+
+namespace hixl {
+namespace {
+
+memory::LocalRegion Region(uintptr_t addr, size_t len) {
+  memory::LocalRegion r;
+  r.addr = addr;
+  r.len = len;
+  r.perms = MEM_PERM_READ_WRITE;
+  return r;
+}
+
+TEST(LocalRegions, OverlapRules) {
+  memory::LocalRegions t;
+  uint64_t a = 0, b = 0, c = 0;
+  bool added = false;
+  ASSERT_TRUE(t.Add(Region(0x10000, 0x1000), a, added).ok());
+  EXPECT_TRUE(added);
+  ASSERT_TRUE(t.Add(Region(0x10000, 0x1000), b, added).ok());  // identical: same handle
+  EXPECT_FALSE(added);
+  EXPECT_EQ(a, b);
+  EXPECT_FALSE(t.Add(Region(0x10800, 0x1000), c, added).ok());  // tail overlap
+  EXPECT_FALSE(t.Add(Region(0xf800, 0x1000), c, added).ok());   // head overlap
+  EXPECT_FALSE(t.Add(Region(0x10000, 0x800), c, added).ok());   // inside, other length
+  EXPECT_FALSE(t.Add(Region(0xf000, 0x3000), c, added).ok());   // covers it
+  EXPECT_TRUE(t.Add(Region(0x11000, 0x1000), c, added).ok());   // adjacent is fine
+  EXPECT_NE(a, c);
+  EXPECT_FALSE(t.Add(Region(0, 10), c, added).ok());
+  EXPECT_FALSE(t.Add(Region(0x20000, 0), c, added).ok());
+  EXPECT_FALSE(t.Add(Region(UINTPTR_MAX - 10, 100), c, added).ok());
+  EXPECT_TRUE(t.Remove(a).has_value());
+  EXPECT_FALSE(t.Remove(a).has_value());
+  uint64_t d = 0;
+  ASSERT_TRUE(t.Add(Region(0x10000, 0x1000), d, added).ok());
+  EXPECT_NE(d, a);  // ids are never reused
+  EXPECT_TRUE(t.FindContaining(0x11000, 0x1000).has_value());
+  EXPECT_FALSE(t.FindContaining(0x11800, 0x1000).has_value());
+}
+
+class ResolveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    table.Insert(std::make_shared<memory::RemoteRegion>(1, 0x100000, 0x1000, MEM_PERM_READ_WRITE, false));
+    table.Insert(std::make_shared<memory::RemoteRegion>(2, 0x101000, 0x1000, MEM_PERM_READ, false));
+    table.Insert(std::make_shared<memory::RemoteRegion>(3, 0x200000, 0x1000, MEM_PERM_WRITE, false));
+  }
+  Status Try(TransferOp op, std::vector<TransferOpDesc> d) {
+    slices.clear();
+    pins.clear();
+    return table.Resolve(op, d, slices, pins);
+  }
+  memory::RemoteRegionTable table;
+  std::vector<memory::Slice> slices;
+  std::vector<memory::RegionRef> pins;
+};
+
+TEST_F(ResolveTest, AcceptsDescriptorsInsideRegionsAndPinsThem) {
+  ASSERT_TRUE(Try(TransferOp::WRITE, {{1, 0x100000, 0x1000}, {1, 0x100010, 16}, {1, 0x200ff0, 16}}).ok());
+  EXPECT_EQ(slices.size(), 3u);
+  EXPECT_EQ(pins.size(), 2u);
+  for (auto& p : pins) EXPECT_EQ(p->users.load(), 1);
+  memory::Unpin(pins);
+  auto removed = table.Remove({1, 3});
+  ASSERT_EQ(removed.size(), 2u);
+  for (auto& r : removed) EXPECT_EQ(r->users.load(), 0);
+}
+
+TEST_F(ResolveTest, RejectsBadDescriptorsAndPinsNothing) {
+  EXPECT_FALSE(Try(TransferOp::WRITE, {}).ok());
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x100000, 0}}).ok());                 // zero length
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{0, 0x100000, 8}}).ok());                 // null local
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x0fffff, 8}}).ok());                 // before
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x100ff8, 16}}).ok());                // spans 1 and 2
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x201000, 1}}).ok());                 // just past
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, UINTPTR_MAX - 10, 100}}).ok());       // wraps
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{UINTPTR_MAX - 10, 0x100000, 100}}).ok()); // local wraps
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x101000, 8}}).ok());                 // read-only region
+  EXPECT_FALSE(Try(TransferOp::READ, {{1, 0x200000, 8}}).ok());                  // write-only region
+  Status s = Try(TransferOp::WRITE, {{1, 0x100000, 8}, {1, 0x100000, 8}, {1, 0x300000, 8}});
+  EXPECT_EQ(s.code(), StatusCode::kParamInvalid);
+  EXPECT_NE(s.message().find("descriptor 2"), std::string::npos) << s.message();
+  EXPECT_TRUE(slices.empty());
+  auto all = table.RemoveAll();
+  for (auto& r : all) EXPECT_EQ(r->users.load(), 0) << "region " << r->id;
+}
+
+}  // namespace
+}  // namespace hixl
