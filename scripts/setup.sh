@@ -4,6 +4,9 @@
 set -euo pipefail
 
 PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
+# The Python module hixl: pybind11, numpy and pytest from Debian, used with
+# /usr/bin/python3 (python3-torch is optional: tests with tensors skip without it).
+PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

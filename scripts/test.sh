@@ -19,6 +19,10 @@ run_ctest() {
 bash scripts/build.sh release
 run_ctest build
 
+echo "=== python: the hixl module (pybind11) and its pytest tests ==="
+HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3" bash scripts/build.sh release
+PYTHONPATH=build/python timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+
 bash scripts/build.sh asan
 run_ctest build-asan
 

@@ -620,7 +620,7 @@ TEST(HostileClient, PeerKeepsServingAfterGarbage) {
 
 // Param: (region kind "alloc" | "reg", LinkType option).
 class InFlightTest : public BadPeerTest,
-                     public ::testing::WithParamInterface<std::tuple<const char*, std::string>> {
+                     public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {
  protected:
   InFlightTest() { link_ = std::get<1>(GetParam()); }
 };
@@ -726,9 +726,10 @@ TEST_P(BadTransportTest, PeerDeregistersRegionWithTransfersInFlight) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Kinds, InFlightTest, Combine(Values("alloc", "reg"), ValuesIn(hixl_test::AllLinkTypes())),
-    [](const ::testing::TestParamInfo<std::tuple<const char*, std::string>>& i) {
-      return std::string(std::get<0>(i.param)) + "_" + std::get<1>(i.param);
+    Kinds, InFlightTest,
+    Combine(Values(std::string("alloc"), std::string("reg")), ValuesIn(hixl_test::AllLinkTypes())),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& i) {
+      return std::get<0>(i.param) + "_" + std::get<1>(i.param);
     });
 
 TEST_P(BadTransportTest, PeerFreesAllocMemWithTransfersInFlight) {

@@ -46,7 +46,7 @@ constexpr size_t kMiB = 1024 * 1024;
 // Runs argv (argv[0] a full path) with stdout and stderr captured into *out;
 // returns the exit code, or -1 when it could not run or was killed after
 // timeout_ms.
-int Run(const std::vector<std::string>& argv, std::string* out = nullptr, int timeout_ms = 10000) {
+int RunCmd(const std::vector<std::string>& argv, std::string* out = nullptr, int timeout_ms = 10000) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return -1;
   std::vector<std::string> args = argv;
@@ -140,12 +140,12 @@ class NetnsGuard {
   std::string AddNs(const std::string& tag, std::string* err) {
     const std::string name = Prefix() + tag;
     std::string out;
-    if (Run({ip_, "netns", "add", name}, &out) != 0) {
+    if (RunCmd({ip_, "netns", "add", name}, &out) != 0) {
       *err = "ip netns add " + name + ": " + Trim(out);
       return "";
     }
     namespaces_.push_back(name);
-    if (Run({ip_, "-n", name, "link", "set", "lo", "up"}, &out) != 0) {
+    if (RunCmd({ip_, "-n", name, "link", "set", "lo", "up"}, &out) != 0) {
       *err = "ip -n " + name + " link set lo up: " + Trim(out);
       return "";
     }
@@ -159,7 +159,7 @@ class NetnsGuard {
     const std::string ea = base + "a", eb = base + "b";
     const std::string net = "10.213." + std::to_string(k) + ".";
     std::string out;
-    if (Run({ip_, "link", "add", ea, "type", "veth", "peer", "name", eb}, &out) != 0) {
+    if (RunCmd({ip_, "link", "add", ea, "type", "veth", "peer", "name", eb}, &out) != 0) {
       *err = "ip link add " + ea + " type veth: " + Trim(out);
       return false;
     }
@@ -173,7 +173,7 @@ class NetnsGuard {
         {ip_, "-n", b, "link", "set", eb, "up"},
     };
     for (const auto& s : steps) {
-      if (Run(s, &out) != 0) {
+      if (RunCmd(s, &out) != 0) {
         std::string cmd;
         for (const auto& w : s) cmd += w + " ";
         *err = cmd + ": " + Trim(out);
@@ -188,7 +188,7 @@ class NetnsGuard {
     std::vector<std::string> argv = {ip_, "-n", ns, "route", "add"};
     argv.insert(argv.end(), route.begin(), route.end());
     std::string out;
-    if (Run(argv, &out) != 0) {
+    if (RunCmd(argv, &out) != 0) {
       *err = "ip route add in " + ns + ": " + Trim(out);
       return false;
     }
@@ -199,11 +199,11 @@ class NetnsGuard {
     std::string out;
     for (const auto& l : root_links_) {
       // Gone already when it was moved into a namespace: ignore errors.
-      (void)Run({ip_, "link", "del", l}, &out);
+      (void)RunCmd({ip_, "link", "del", l}, &out);
     }
     root_links_.clear();
     for (const auto& n : namespaces_) {
-      if (Run({ip_, "netns", "del", n}, &out) != 0) {
+      if (RunCmd({ip_, "netns", "del", n}, &out) != 0) {
         ADD_FAILURE() << "ip netns del " << n << ": " << Trim(out);
       }
     }
@@ -214,7 +214,7 @@ class NetnsGuard {
   // processes that no longer run.
   static void RemoveStale(const std::string& ip) {
     std::string out;
-    if (Run({ip, "netns", "list"}, &out) == 0) {
+    if (RunCmd({ip, "netns", "list"}, &out) == 0) {
       std::istringstream in(out);
       std::string line;
       while (std::getline(in, line)) {
@@ -223,12 +223,12 @@ class NetnsGuard {
         char tag[64];
         if (std::sscanf(name.c_str(), "hixl-%ld-%63s", &pid, tag) == 2 && !PidAlive(pid)) {
           std::string o;
-          int rc = Run({ip, "netns", "del", name}, &o);
+          int rc = RunCmd({ip, "netns", "del", name}, &o);
           std::printf("[ info ] removed stale namespace %s (rc %d)\n", name.c_str(), rc);
         }
       }
     }
-    if (Run({ip, "-o", "link", "show"}, &out) == 0) {
+    if (RunCmd({ip, "-o", "link", "show"}, &out) == 0) {
       std::istringstream in(out);
       std::string line;
       while (std::getline(in, line)) {
@@ -243,7 +243,7 @@ class NetnsGuard {
         if (std::sscanf(name.c_str(), "hx%ldv%d%c", &pid, &k, &side) == 3 &&
             (side == 'a' || side == 'b') && !PidAlive(pid)) {
           std::string o;
-          int rc = Run({ip, "link", "del", name}, &o);
+          int rc = RunCmd({ip, "link", "del", name}, &o);
           std::printf("[ info ] removed stale link %s (rc %d)\n", name.c_str(), rc);
         }
       }
@@ -286,7 +286,7 @@ class MultiHostTest : public ::testing::Test {
       guard_->Cleanup();
       guard_.reset();
       std::string out;
-      if (Run({ip_, "netns", "list"}, &out) == 0) {
+      if (RunCmd({ip_, "netns", "list"}, &out) == 0) {
         EXPECT_EQ(out.find(NetnsGuard::Prefix()), std::string::npos)
             << "namespaces of this test are left behind:\n" << out;
       }

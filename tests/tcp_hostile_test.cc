@@ -702,6 +702,46 @@ TEST_F(TcpHostileTest, GoodRequestThenBadRequestOnOneLane) {
   ExpectPeerStillServes();
 }
 
+// The same with more valid READ data queued than the socket buffers hold
+// when the bad request arrives (the client reads only after a pause): the
+// target answers a lane's requests in order, so every valid READ before the
+// bad request is still delivered whole, then at most the error response,
+// then the lane closes.
+TEST_F(TcpHostileTest, QueuedRepliesBeforeABadRequestAreDelivered) {
+  Sock lane = GoodLane();
+  ASSERT_GE(lane.get(), 0);
+  constexpr int kGood = 48;  // 48 MiB of replies
+  Bytes all;
+  for (int i = 0; i < kGood; ++i) Append(all, Request(kOpRead, i + 1, rw_, kRw));
+  Append(all, Request(kOpWrite, kGood + 1, ro_, 4096));  // refused: read-only
+  Append(all, Bytes(4096, 0xAB));
+  (void)SendAll(lane.get(), all, 2000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Bytes got;
+  EXPECT_TRUE(DrainUntilClosed(lane.get(), 5000, &got)) << "lane still open after a bad request";
+  std::vector<Resp> resps;
+  std::string why;
+  bool truncated = false;
+  ASSERT_TRUE(ParseResponses(got, resps, why, &truncated)) << why;
+  size_t ok = 0;
+  const Bytes image = Pattern(kRw, 101);  // "rw"
+  for (const Resp& r : resps) {
+    if (r.status != 0 || r.len != kRw || r.payload_off + kRw > got.size()) continue;
+    EXPECT_EQ(std::memcmp(got.data() + r.payload_off, image.data(), kRw), 0) << "seq " << r.seq;
+    ++ok;
+  }
+  EXPECT_EQ(ok, static_cast<size_t>(kGood))
+      << "of " << kGood << " valid READs queued before a bad request only " << ok
+      << " were delivered (" << got.size() << " bytes) before the lane closed"
+      << (truncated ? ", the last one cut off" : "");
+  if (resps.size() == kGood + 1) {
+    EXPECT_EQ(resps.back().seq, kGood + 1u);
+    EXPECT_NE(resps.back().status, 0);
+  }
+  ExpectRegionsUnchanged();
+  ExpectPeerStillServes();
+}
+
 // (d) WRITE into a read-only region (and into a "none" region), with payload.
 TEST_F(TcpHostileTest, WriteIntoReadOnlyRegionIsRefused) {
   ExpectRefused("WRITE 4 KiB into ro", Request(kOpWrite, 31, ro_, 4096), Pattern(4096, 1));
@@ -820,6 +860,61 @@ TEST_F(TcpHostileTest, StuckClientsDoNotBlockOtherInitiators) {
   ExpectPeerStillServes(5000);
 }
 
+// A client asks for more READ data at once than the target queues (it stops
+// reading requests at 64 MiB of pending replies) and only starts reading the
+// replies after a pause. Per the lane protocol a lane may keep any number of
+// requests in flight and the target answers them in order: once the client
+// reads, every request is answered, including the ones the target had
+// already buffered when it applied back-pressure.
+TEST_F(TcpHostileTest, SlowReaderGetsEveryResponseEventually) {
+  const size_t n = 8 * kMiB;
+  uintptr_t big = peer_->Reg("big", n, "r");
+  ASSERT_NE(big, 0u);
+  ASSERT_TRUE(peer_->Ok("fillpat big 808"));
+  const Bytes image = Pattern(n, 808);
+  Sock lane = GoodLane();
+  ASSERT_GE(lane.get(), 0);
+  constexpr int kReqs = 16;  // 128 MiB of replies
+  Bytes reqs;
+  for (int i = 0; i < kReqs; ++i) Append(reqs, Request(kOpRead, i + 1, big, n));
+  ASSERT_TRUE(SendAll(lane.get(), reqs, 3000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the target's queue fills
+  Bytes got;
+  const auto t0 = Clock::now();
+  // The lane stays open (it is idle once everything is answered): read for
+  // at most 5 s, stopping early once all responses are in.
+  const size_t want = kReqs * (kRespSize + n);
+  std::vector<uint8_t> buf(1 * kMiB);
+  while (got.size() < want && ElapsedMs(t0) < 5000) {
+    pollfd pfd{lane.get(), POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    ssize_t r = recv(lane.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) break;
+    if (r > 0) got.insert(got.end(), buf.data(), buf.data() + r);
+  }
+  std::vector<Resp> resps;
+  std::string why;
+  bool truncated = false;
+  ASSERT_TRUE(ParseResponses(got, resps, why, &truncated)) << why;
+  std::printf("[ info ] %zu of %d responses (%zu bytes) in %ld ms\n", resps.size(), kReqs,
+              got.size(), ElapsedMs(t0));
+  EXPECT_EQ(resps.size(), static_cast<size_t>(kReqs))
+      << "the target stopped answering after " << resps.size() << " of " << kReqs
+      << " READ requests on one lane (requests it had already buffered when its reply queue "
+         "was full were never served)";
+  EXPECT_FALSE(truncated);
+  for (size_t i = 0; i < resps.size(); ++i) {
+    EXPECT_EQ(resps[i].seq, i + 1);
+    EXPECT_EQ(resps[i].status, 0);
+    if (resps[i].len == n && resps[i].payload_off + n <= got.size()) {
+      EXPECT_EQ(std::memcmp(got.data() + resps[i].payload_off, image.data(), n), 0) << "resp " << i;
+    }
+  }
+  lane.Reset();
+  ExpectRegionsUnchanged();
+  ExpectPeerStillServes();
+}
+
 // A client keeps READ replies from a region queued on the target (it does not
 // read them) while the peer deregisters the region. DeregisterMem returns only
 // after every peer stopped using the region; the target's own queued replies
@@ -846,8 +941,6 @@ TEST_P(TcpDeregTest, QueuedReadRepliesNeverSendDeregisteredMemory) {
   // requests against it (its region table is local, so at once).
   Sock lane = GoodLane();
   ASSERT_GE(lane.get(), 0);
-  int rcv = 4096;
-  setsockopt(lane.get(), SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
   constexpr int kReqs = 24;  // 192 MiB asked for; the target queues up to its limit
   Bytes reqs;
   for (int i = 0; i < kReqs; ++i) Append(reqs, Request(kOpRead, i + 1, big, n));
@@ -861,7 +954,7 @@ TEST_P(TcpDeregTest, QueuedReadRepliesNeverSendDeregisteredMemory) {
   ASSERT_TRUE(peer_->Ok("fill big 0x42"));
 
   Bytes got;
-  const bool closed = DrainUntilClosed(lane.get(), 10000, &got, 256 * kMiB);
+  const bool closed = DrainUntilClosed(lane.get(), 5000, &got, 256 * kMiB);
   std::vector<Resp> resps;
   std::string why;
   bool truncated = false;
@@ -882,7 +975,12 @@ TEST_P(TcpDeregTest, QueuedReadRepliesNeverSendDeregisteredMemory) {
     }
   }
   std::printf("[ info ] received %zu responses, %zu payload bytes; lane %s\n", resps.size(),
-              payload_bytes, closed ? "closed" : "still open after 10 s");
+              payload_bytes, closed ? "closed" : "still open after 5 s");
+  // The requests behind the queued ones name a region that is gone: refused,
+  // and the lane closed (or the lane went with the dropped control link).
+  EXPECT_TRUE(closed) << "the lane is still open 5 s after the region went; it stopped "
+                         "answering after "
+                      << resps.size() << " of " << kReqs << " requests";
   EXPECT_EQ(bad, 0u) << bad << " blocks of 64 KiB (of " << (good + bad)
                      << ") the client received after the peer's DeregisterMem returned hold the "
                         "overwritten content (0x42): the target sent them from the region after "

@@ -1,4 +1,4 @@
-// hixl-bench — bandwidth and latency of the hixl shm transport between two
+// hixl-bench — bandwidth and latency of hixl transports (shm, tcp) between two
 // processes on this host, each figure beside a memcpy baseline measured in the
 // same run (interleaved A B A B, as BENCHMARKING.md asks).
 //
@@ -14,11 +14,15 @@
 // table on stderr. Exit status is non-zero on any hixl error or verify mismatch.
 #include <hixl/hixl.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,13 +31,16 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -419,6 +426,8 @@ class Child {
 
 struct Options {
   bool serve = false;
+  std::string transport = "shm";      // shm | tcp
+  uint64_t slice = 0;                 // tcp: TcpSliceSize (0: engine default)
   bool do_write = true, do_read = true;
   std::vector<uint64_t> blocks = {4 * KiB,   16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB,
                                   4 * MiB,   16 * MiB, 64 * MiB, 128 * MiB};
@@ -433,7 +442,7 @@ struct Options {
   bool table = false;
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
-  uint64_t baseline_min_part = 512 * KiB;  // 0: always split the memcpy into T parts
+  uint64_t baseline_min_part = 1 * MiB;  // 0: always split the memcpy into T parts
 };
 
 void Usage() {
@@ -442,7 +451,12 @@ void Usage() {
                "  --op write|read|both        (default both)\n"
                "  --blocks 4K,64K,1M,...      block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M,128M)\n"
                "  --batch 1,128,1024          descriptors per transfer (default 1)\n"
-               "  --threads 1,2               CopyThreads values, one engine each (default 1,2)\n"
+               "  --threads 1,2               CopyThreads (shm) or TcpLanes (tcp) values, one engine each\n"
+               "                              (default 1,2)\n"
+               "  --transport shm|tcp         link to force (default shm); tcp compares with a plain\n"
+               "                              blocking socket pair (1 MiB send calls) and reports the\n"
+               "                              staged path (copy, send, receive, copy) as before_gbps\n"
+               "  --slice SIZE                tcp: TcpSliceSize (default: the engine's)\n"
                "  --mem alloc|malloc|both     target region from AllocMem or malloc+RegisterMem (default alloc)\n"
                "  --iters N                   timed transfers per rep (default: >= 256 MiB moved, min 5)\n"
                "  --reps R                    repetitions, median reported (default 5)\n"
@@ -453,7 +467,7 @@ void Usage() {
                "  --max-total SIZE            skip transfers larger than SIZE bytes (default 256M)\n"
                "  --region-size SIZE          target region size (default 256M)\n"
                "  --baseline-min-part SIZE    the memcpy baseline gives no thread less than SIZE,\n"
-               "                              as the engine does (default 512K; 0: always T parts)\n");
+               "                              as the engine does (default 1M; 0: always T parts)\n");
 }
 
 Options ParseArgs(int argc, char** argv) {
@@ -472,6 +486,10 @@ Options ParseArgs(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--serve") o.serve = true;
+    else if (a == "--transport") {
+      o.transport = value();
+      if (o.transport != "shm" && o.transport != "tcp") Fail("--transport must be shm or tcp");
+    } else if (a == "--slice") o.slice = ParseSize(value());
     else if (a == "--op") {
       const std::string v = value();
       if (v == "write") o.do_write = true, o.do_read = false;
@@ -596,6 +614,8 @@ struct Measurement {
   double gbps = 0, avg_us = 0, p50_us = 0, p99_us = 0;
   double base_gbps = 0, base_p50_us = 0;
   uint64_t base_threads = 1;
+  std::string baseline = "memcpy";
+  double before_gbps = 0;  // tcp: the staged socket path, same run
   int verified = -1;  // -1: not checked
 };
 
@@ -603,20 +623,24 @@ void PrintJson(const Measurement& m) {
   std::printf(
       "{\"transport\":\"%s\",\"mem\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
       ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"iters\":%" PRIu64
-      ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"baseline\":\"memcpy\""
+      ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"baseline\":\"%s\""
       ",\"baseline_gbps\":%.4f,\"baseline_p50_us\":%.3f,\"baseline_threads\":%" PRIu64
-      ",\"ratio\":%.4f,\"verified\":%s}\n",
+      ",\"ratio\":%.4f",
       m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch,
-      m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps, m.base_p50_us,
-      m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
-      m.verified < 0 ? "null" : (m.verified ? "true" : "false"));
+      m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.baseline.c_str(), m.base_gbps,
+      m.base_p50_us, m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0);
+  if (m.before_gbps > 0) {
+    std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
+                m.before_gbps, m.gbps / m.before_gbps);
+  }
+  std::printf(",\"verified\":%s}\n", m.verified < 0 ? "null" : (m.verified ? "true" : "false"));
   std::fflush(stdout);
 }
 
 void PrintTableHeader() {
   std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %3s %7s %9s %9s %9s %9s %9s %4s %7s %s\n", "mem",
                "mode", "op", "block", "batch", "thr", "iters", "GB/s", "avg_us", "p50_us", "p99_us",
-               "memcpy", "mthr", "ratio", "verified");
+               "baseline", "bthr", "ratio", "verified");
 }
 
 void PrintTableRow(const Measurement& m) {
@@ -627,6 +651,125 @@ void PrintTableRow(const Measurement& m) {
                m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
                m.verified < 0 ? "-" : (m.verified ? "yes" : "NO"));
 }
+
+// The tcp references, measured in the same run: a plain blocking loopback TCP
+// connection between two threads moving the same bytes with 1 MiB send()
+// calls straight into the destination ("socket"), and the path hixl replaces
+// ("staged": copy into a staging buffer, send, receive into a staging
+// buffer, copy into place).
+struct SocketBaseline {
+  SocketBaseline() {
+    int l = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(l, 1) != 0 ||
+        getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      Fail("socket baseline: cannot listen on loopback");
+    tx = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(tx, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) Fail("socket baseline: connect");
+    rx = ::accept(l, nullptr, nullptr);
+    ::close(l);
+    if (rx < 0) Fail("socket baseline: accept");
+    int one = 1;
+    setsockopt(tx, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    receiver = std::thread([this] { Receive(); });
+  }
+  ~SocketBaseline() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      quit = true;
+    }
+    cv.notify_all();
+    ::shutdown(tx, SHUT_RDWR);
+    receiver.join();
+    ::close(tx);
+    ::close(rx);
+  }
+  // Moves the bytes of copies (dst <- src) over the socket; returns when the
+  // receiver holds them all.
+  void Run(const std::vector<CopyOp>& copies, uint64_t total, bool staged) {
+    if (staged && stage_tx.size() < total) {
+      stage_tx.resize(total);
+      stage_rx.resize(total);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      job = &copies;
+      job_total = total;
+      job_staged = staged;
+      done = false;
+      ++gen;
+    }
+    cv.notify_all();
+    if (staged) {  // serialize: gather every block into one staging buffer
+      uint64_t off = 0;
+      for (const auto& c : copies) std::memcpy(stage_tx.data() + off, c.src, c.len), off += c.len;
+      SendAll(stage_tx.data(), total);
+    } else {
+      for (const auto& c : copies) SendAll(c.src, c.len);
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [this] { return done; });
+  }
+
+ private:
+  void SendAll(const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      ssize_t r = ::send(tx, p, std::min<uint64_t>(n, 1 * MiB), MSG_NOSIGNAL);
+      if (r <= 0) Fail("socket baseline: send failed");
+      p += r;
+      n -= static_cast<uint64_t>(r);
+    }
+  }
+  void RecvAll(uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      ssize_t r = ::recv(rx, p, n, 0);
+      if (r <= 0) Fail("socket baseline: recv failed");
+      p += r;
+      n -= static_cast<uint64_t>(r);
+    }
+  }
+  void Receive() {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::vector<CopyOp>* copies;
+      uint64_t total;
+      bool staged;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return quit || gen != seen; });
+        if (quit) return;
+        seen = gen;
+        copies = job;
+        total = job_total;
+        staged = job_staged;
+      }
+      if (staged) {  // receive into staging, then copy every block into place
+        RecvAll(stage_rx.data(), total);
+        uint64_t off = 0;
+        for (const auto& c : *copies) std::memcpy(c.dst, stage_rx.data() + off, c.len), off += c.len;
+      } else {
+        for (const auto& c : *copies) RecvAll(c.dst, c.len);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+    }
+  }
+
+  int tx = -1, rx = -1;
+  std::thread receiver;
+  std::mutex mu;
+  std::condition_variable cv;
+  const std::vector<CopyOp>* job = nullptr;
+  uint64_t job_total = 0, gen = 0;
+  bool job_staged = false, done = false, quit = false;
+  std::vector<uint8_t> stage_tx, stage_rx;
+};
 
 // Everything one (mem, threads) pass needs.
 struct Context {
@@ -639,6 +782,7 @@ struct Context {
   CopyPool* pool;
   std::string transport, mem;
   uint64_t threads;
+  struct SocketBaseline* sock = nullptr;  // tcp: the wire's practical limit
 };
 
 void Transfer(Context& c, hixl::TransferOp op, const std::vector<hixl::TransferOpDesc>& descs) {
@@ -699,13 +843,22 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
     copies[i] = op == hixl::TransferOp::WRITE ? CopyOp{s, l, block} : CopyOp{l, s, block};
   }
 
+  // The baseline for this transport: memcpy (shm) or a plain socket (tcp).
+  auto baseline = [&]() -> int {
+    if (c.sock != nullptr) {
+      c.sock->Run(copies, total, /*staged=*/false);
+      return 1;
+    }
+    return c.pool->Run(copies, total, o.baseline_min_part);
+  };
   const uint64_t warmup = std::clamp<uint64_t>(iters / 20, 2, 200);
   for (uint64_t i = 0; i < warmup; ++i) {
     Transfer(c, op, descs);
-    c.pool->Run(copies, total, o.baseline_min_part);
+    baseline();
+    if (c.sock != nullptr) c.sock->Run(copies, total, /*staged=*/true);
   }
 
-  std::vector<double> gbps, avg_us, lat_us, base_gbps, base_lat_us;
+  std::vector<double> gbps, avg_us, lat_us, base_gbps, base_lat_us, before_gbps;
   lat_us.reserve(iters * o.reps);
   base_lat_us.reserve(iters * o.reps);
   const double bytes = static_cast<double>(total) * static_cast<double>(iters);
@@ -726,11 +879,16 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
     t0 = Clock::now();
     for (uint64_t i = 0; i < iters; ++i) {
       const auto a = Clock::now();
-      base_threads = c.pool->Run(copies, total, o.baseline_min_part);
+      base_threads = baseline();
       base_lat_us.push_back(Seconds(a, Clock::now()) * 1e6);
     }
     secs = Seconds(t0, Clock::now());
     base_gbps.push_back(bytes / secs / 1e9);
+    if (c.sock != nullptr) {  // C: the staged "before" path
+      t0 = Clock::now();
+      for (uint64_t i = 0; i < iters; ++i) c.sock->Run(copies, total, /*staged=*/true);
+      before_gbps.push_back(bytes / Seconds(t0, Clock::now()) / 1e9);
+    }
     if (o.verify) {
       VerifyOnce(c, op, block, batch, PatternSeed(block, batch, r, static_cast<int>(op)));
       verified = true;
@@ -755,6 +913,10 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
   m.base_gbps = Median(base_gbps);
   m.base_p50_us = Percentile(base_lat_us, 0.50);
   m.base_threads = static_cast<uint64_t>(base_threads);
+  if (c.sock != nullptr) {
+    m.baseline = "socket";
+    m.before_gbps = Median(before_gbps);
+  }
   m.verified = o.verify ? (verified ? 1 : 0) : -1;
   return m;
 }
@@ -811,17 +973,29 @@ int RunInitiator(const Options& o) {
     for (uint64_t threads : o.threads) {
       // A fresh engine per CopyThreads value.
       auto engine = std::make_unique<hixl::Hixl>();
-      Check(engine->Initialize("127.0.0.1", {{hixl::options::kCopyThreads, std::to_string(threads)}}),
-            "Initialize(127.0.0.1, CopyThreads=" + std::to_string(threads) + ")");
+      std::map<std::string, std::string> opts;
+      if (o.transport == "tcp") {
+        opts[hixl::options::kLinkType] = "TCP";
+        opts[hixl::options::kTcpLanes] = std::to_string(threads);
+        if (o.slice != 0) opts[hixl::options::kTcpSliceSize] = std::to_string(o.slice);
+      } else {
+        opts[hixl::options::kLinkType] = "SHM";
+        opts[hixl::options::kCopyThreads] = std::to_string(threads);
+      }
+      Check(engine->Initialize("127.0.0.1", opts),
+            "Initialize(127.0.0.1, " + o.transport + ", threads/lanes=" + std::to_string(threads) + ")");
       Check(engine->Connect(target.engine, kConnectTimeoutMs), "Connect(" + target.engine + ")");
       hixl::LinkType lt = hixl::LinkType::AUTO;
       Check(engine->GetLinkType(target.engine, lt), "GetLinkType");
       const std::string transport = Lower(hixl::LinkTypeName(lt));
-      if (lt != hixl::LinkType::SHM)
-        std::fprintf(stderr, "hixl-bench: warning: link type is %s, not shm\n", transport.c_str());
+      if (transport != o.transport)
+        Fail("link type is " + transport + ", not " + o.transport);
 
       CopyPool pool(static_cast<int>(threads));
-      Context c{&o, engine.get(), &child, target, &local, &scratch, &pool, transport, mem, threads};
+      std::unique_ptr<SocketBaseline> sock;
+      if (o.transport == "tcp") sock = std::make_unique<SocketBaseline>();
+      Context c{&o, engine.get(), &child, target, &local, &scratch, &pool, transport, mem, threads,
+                sock.get()};
       std::vector<hixl::TransferOp> ops;
       if (o.do_write) ops.push_back(hixl::TransferOp::WRITE);
       if (o.do_read) ops.push_back(hixl::TransferOp::READ);

@@ -1,5 +1,6 @@
 // hixl/hixl.h — the hixl transfer engine: one-sided READ and WRITE into memory
-// that another engine registered.
+// that another engine registered. From C this header declares the C API
+// (hixl/hixl_c.h); from C++ it also declares the class hixl::Hixl below.
 //
 // An engine (hixl::Hixl) owns a set of registered memory regions and a set of
 // links to peer engines. The initiator of a transfer names the peer's own
@@ -31,6 +32,11 @@
 // caller's and must outlive its registration. No exceptions cross this API.
 #ifndef HIXL_HIXL_H_
 #define HIXL_HIXL_H_
+
+// The C API (hixlCreateEngine, hixlWriteRemote, ...), for C and C++ alike.
+#include "hixl/hixl_c.h"
+
+#ifdef __cplusplus
 
 #include <cstdint>
 #include <map>
@@ -162,5 +168,7 @@ class HIXL_EXPORT Hixl {
 };
 
 }  // namespace hixl
+
+#endif  // __cplusplus
 
 #endif  // HIXL_HIXL_H_

@@ -241,8 +241,11 @@ Status Hixl::Impl::DeregisterMem(MemHandle handle) {
       }
     }
   }
-  if (!regions_.Remove(handle)) return Status::Ok();  // unknown or already removed: no-op
-  return RevokeFromPeers(handle);
+  auto r = regions_.Remove(handle);
+  if (!r) return Status::Ok();  // unknown or already removed: no-op
+  Status s = RevokeFromPeers(handle);
+  for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
+  return s;
 }
 
 Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
@@ -297,7 +300,10 @@ Status Hixl::Impl::FreeMem(void* ptr) {
     allocs_.erase(it);
   }
   Status s;
-  if (regions_.Remove(a.handle)) s = RevokeFromPeers(a.handle);
+  if (auto r = regions_.Remove(a.handle)) {
+    s = RevokeFromPeers(a.handle);
+    for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
+  }
   // Peers that mapped the memfd keep their own mapping of these pages until
   // they drop the region, so unmapping here can never fault a peer.
   munmap(ptr, a.mapped_len);

@@ -76,6 +76,12 @@ class Transport {
   // use this transport; ForgetPeer revokes it.
   virtual void DescribeForPeer(uint64_t conn_id, wire::Msg& info) = 0;
   virtual void ForgetPeer(uint64_t conn_id) = 0;
+  // Target side: [addr, addr+len) is no longer registered. Returns once no
+  // thread of this transport can still move bytes into or out of it.
+  virtual void RevokeRegion(uintptr_t addr, size_t len) {
+    (void)addr;
+    (void)len;
+  }
   // Initiator side.
   virtual bool CanReach(const PeerInfo& peer, std::string& why) const = 0;
   virtual Status Connect(const PeerInfo& peer, net::Deadline deadline,

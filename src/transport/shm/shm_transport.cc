@@ -24,7 +24,7 @@ namespace hixl::transport::shm {
 namespace {
 
 constexpr size_t kChunk = 16u << 20;      // stop/deadline checks at least this often
-constexpr size_t kMinPart = 512u << 10;   // never hand a thread less than this
+constexpr size_t kMinPart = 1u << 20;     // never hand a thread less than this
 constexpr size_t kIovMax = 1024;          // IOV_MAX on Linux
 constexpr int kUdsRequestMs = 500;
 constexpr size_t kMaxUdsClients = 1024;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -131,6 +132,10 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   }
   void Close(const std::string& why, bool warn);
   uint64_t conn_id() const { return conn_id_; }
+  EventLoop* loop() const { return loop_; }
+  // Loop thread: closes the lane if it still has bytes to move into or out
+  // of [addr, addr+len) (a region being deregistered).
+  void Revoke(uintptr_t addr, size_t len);
 
  private:
   struct Out {
@@ -153,6 +158,8 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   uint64_t conn_id_ = 0;
   bool hello_done_ = false;
   bool closed_ = false;
+  bool closing_ = false;  // after a refused request: send what is queued, then close
+  std::string closing_why_;
   Inbound in_;
   char* dst_ = nullptr;  // WRITE payload destination, while receiving it
   size_t left_ = 0;
@@ -292,6 +299,41 @@ class TcpTransport final : public Transport {
     }
   }
 
+  void RevokeRegion(uintptr_t addr, size_t len) override {
+    // Every lane checks itself on its own loop thread; wait until all have.
+    std::vector<std::shared_ptr<ServerLane>> lanes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [conn, v] : lanes_) {
+        for (auto& w : v) {
+          if (auto l = w.lock()) lanes.push_back(std::move(l));
+        }
+      }
+    }
+    if (lanes.empty()) return;
+    struct Latch {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left;
+    };
+    auto latch = std::make_shared<Latch>();
+    latch->left = lanes.size();
+    auto count_down = [latch] {
+      std::lock_guard<std::mutex> lock(latch->mu);
+      if (--latch->left == 0) latch->cv.notify_all();
+    };
+    for (auto& l : lanes) {
+      if (!l->loop()->Post([l, addr, len, count_down] {
+            l->Revoke(addr, len);
+            count_down();
+          })) {
+        count_down();
+      }
+    }
+    std::unique_lock<std::mutex> lock(latch->mu);
+    latch->cv.wait(lock, [&] { return latch->left == 0; });
+  }
+
   bool CanReach(const PeerInfo& peer, std::string& why) const override {
     if (peer.info == nullptr || !peer.info->is_object()) {
       why = "peer " + peer.engine + " offers no tcp endpoint";
@@ -385,6 +427,9 @@ void ServerLane::Close(const std::string& why, bool warn) {
     }
     self->loop_->Remove(self->loop_id_);
     self->fd_.Reset();
+    self->outq_.clear();  // nothing more leaves registered memory through this lane
+    self->out_bytes_ = 0;
+    self->left_ = 0;
   };
   if (loop_->InLoop()) {
     doit();
@@ -396,16 +441,34 @@ void ServerLane::Close(const std::string& why, bool warn) {
 void ServerLane::OnEvent(uint32_t ev) {
   if (closed_) return;
   if ((ev & EPOLLOUT) && !Flush()) return;
-  if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+  if (closing_) {
+    if (outq_.empty() || (ev & (EPOLLHUP | EPOLLERR))) {
+      Close(closing_why_, true);
+      return;
+    }
+  } else if ((ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) || in_.avail() > 0) {
+    // (Requests already buffered here raise no epoll event: serve them too.)
     if (!Process()) return;
+    if (closing_ && outq_.empty()) {
+      Close(closing_why_, true);
+      return;
+    }
   }
   UpdateEvents();
+}
+
+void ServerLane::Revoke(uintptr_t addr, size_t len) {
+  if (closed_) return;
+  auto overlaps = [&](uintptr_t a, size_t n) { return a < addr + len && addr < a + n; };
+  bool touching = left_ > 0 && overlaps(cur_.addr, cur_.len);
+  for (const Out& o : outq_) touching = touching || (o.len > 0 && overlaps(reinterpret_cast<uintptr_t>(o.data), o.len));
+  if (touching) Close("a region it was still moving bytes of was deregistered", true);
 }
 
 void ServerLane::UpdateEvents() {
   if (closed_) return;
   uint32_t want = EPOLLRDHUP;
-  if (out_bytes_ < kMaxQueuedReplyBytes) want |= EPOLLIN;  // back-pressure on READ replies
+  if (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) want |= EPOLLIN;  // back-pressure on READ replies
   if (!outq_.empty()) want |= EPOLLOUT;
   if (want != events_) {
     events_ = want;
@@ -415,7 +478,12 @@ void ServerLane::UpdateEvents() {
 
 bool ServerLane::Process() {
   size_t moved = 0;
-  while (moved < kFairnessBytes && out_bytes_ < kMaxQueuedReplyBytes) {
+  while (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) {
+    if (moved >= kFairnessBytes) {  // let other lanes run, then come back
+      auto self = shared_from_this();
+      loop_->Post([self] { self->OnEvent(EPOLLIN); });
+      return true;
+    }
     if (left_ > 0) {  // receiving a WRITE payload straight into registered memory
       ssize_t r = in_.Payload(fd_.get(), dst_, left_);
       if (r == -1) return true;
@@ -463,9 +531,9 @@ bool ServerLane::Process() {
     ReqHdr h;
     std::memcpy(&h, in_.data(), sizeof(h));
     in_.Consume(sizeof(h));
-    if (!OnHeader(h)) return false;
+    OnHeader(h);
   }
-  return true;
+  return !closed_;
 }
 
 bool ServerLane::OnHeader(const ReqHdr& h) {
@@ -484,10 +552,12 @@ bool ServerLane::OnHeader(const ReqHdr& h) {
     why = "request against the region's permission";
   }
   if (status != kOk) {
+    // Requests before this one are answered in order, then the refusal; the
+    // payload that may follow cannot be skipped safely, so the lane closes.
+    closing_ = true;
+    closing_why_ = std::string(why) + " (addr " + std::to_string(h.addr) + ", len " +
+                   std::to_string(h.len) + ")";
     Reply(h.seq, h.op, status, nullptr, 0);
-    Flush();
-    Close(std::string(why) + " (addr " + std::to_string(h.addr) + ", len " + std::to_string(h.len) + ")",
-          true);
     return false;
   }
   if (h.op == kOpWrite) {
@@ -662,7 +732,12 @@ void ClientLane::Fail(const Status& why) {
 
 bool ClientLane::ReadResponses(Completions& done) {
   size_t moved = 0;
-  while (moved < kFairnessBytes) {
+  for (;;) {
+    if (moved >= kFairnessBytes) {  // let other lanes run, then come back
+      auto self = shared_from_this();
+      loop_->Post([self] { self->OnEvent(EPOLLIN); });
+      return true;
+    }
     if (rleft_ > 0) {  // a READ reply's payload, straight into local memory
       ssize_t r = in_.Payload(fd_.get(), rdst_, rleft_);
       if (r == -1) return true;

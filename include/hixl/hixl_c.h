@@ -1,0 +1,220 @@
+/* hixl/hixl_c.h — the C API of hixl (included by hixl/hixl.h, usable from C99
+ * and C++). A thin wrapper over the C++ engine hixl::Hixl; see hixl.h for the
+ * transfer semantics (bounds/permission checks at the target, async contract).
+ *
+ * Rules (as in leveldb's c.h):
+ *  - Every object is an opaque handle created by a hixlCreate..., Register or
+ *    Deserialize call and released by its matching Destroy/Unregister call.
+ *  - Every function returns a HixlStatus (HIXL_SUCCESS is 0) except the few
+ *    that return a string. Output parameters come last and are written only
+ *    on success.
+ *  - Every function checks its arguments: NULL handles and pointers, zero or
+ *    out-of-range sizes return HIXL_PARAM_INVALID, never crash. Handles are
+ *    looked up in a table of live handles before use, so a handle that was
+ *    destroyed (e.g. a request polled after hixlDestroyRequest) is reported as
+ *    HIXL_PARAM_INVALID instead of being dereferenced.
+ *  - hixlGetLastErrorMessage() returns the detailed message of the last
+ *    failing call made by the calling thread.
+ *
+ * Thread safety: every function may be called from any thread; an engine may
+ * be used by many threads at once. Destroying a handle while another thread
+ * still uses it is a caller error (it is detected when possible).
+ *
+ * Ownership: the engine owns the memory handles it registered or deserialized
+ * (hixlDestroyEngine releases the remaining ones) and memory from
+ * hixlAllocMemory. Requests belong to the caller until hixlDestroyRequest;
+ * they stay valid (and report HIXL_FAILED if unfinished) after their engine is
+ * destroyed. Memory passed to hixlRegisterMemory stays the caller's.
+ */
+#ifndef HIXL_HIXL_C_H_
+#define HIXL_HIXL_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define HIXL_C_EXPORT __attribute__((visibility("default")))
+#else
+#define HIXL_C_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ status */
+
+/* One code per hixl::StatusCode (same numbers), plus HIXL_IN_PROGRESS. */
+typedef enum HixlStatus {
+  HIXL_SUCCESS = 0,
+  HIXL_PARAM_INVALID = 1,       /* an argument is wrong: fix the call */
+  HIXL_TIMEOUT = 2,             /* a deadline passed */
+  HIXL_NOT_CONNECTED = 3,       /* no link to that peer (or the peer is gone) */
+  HIXL_ALREADY_CONNECTED = 4,   /* connect to a peer that is already connected */
+  HIXL_NOTIFY_FAILED = 5,       /* a notification could not be delivered */
+  HIXL_UNSUPPORTED = 6,         /* not possible with this build, link or peer */
+  HIXL_RESOURCE_EXHAUSTED = 7,  /* a limit or queue is full: retry later */
+  HIXL_FAILED = 8,              /* anything else: see hixlGetLastErrorMessage */
+  HIXL_IN_PROGRESS = 1000       /* the request has not finished yet */
+} HixlStatus;
+
+/* Static description of a status, e.g. "PARAM_INVALID: an argument is wrong".
+ * Never NULL (unknown values give "UNKNOWN"). */
+HIXL_C_EXPORT const char* hixlGetErrorString(HixlStatus status);
+/* The detailed message of the calling thread's last failing call ("" when
+ * none). Valid until the thread's next hixl call. */
+HIXL_C_EXPORT const char* hixlGetLastErrorMessage(void);
+
+/* ------------------------------------------------------------------ handles */
+
+typedef struct HixlConfigObj* HixlConfig;
+typedef struct HixlEngineObj* HixlEngine;
+typedef struct HixlMemHandleObj* HixlMemHandle;
+
+/* A request's public part: read-only fields the caller may look at. The
+ * object is larger than this; never copy or allocate it yourself. */
+struct HixlRequestObj {
+  uint64_t request_id; /* unique in this process, assigned when posted */
+};
+typedef struct HixlRequestObj* HixlRequest;
+
+/* hixlWaitRequest: wait without limit. */
+#define HIXL_WAIT_FOREVER (-1)
+
+/* ------------------------------------------------------------------ config */
+
+/* Keys. Values are strings (hixlConfigSetString) or integers
+ * (hixlConfigSetInt; integer keys also accept decimal strings). */
+/* IPv4/IPv6 literal to listen on / connect from (default "127.0.0.1"). */
+#define HIXL_OPTION_LOCAL_IP "LocalIp"
+/* 0..65535: listen on this port (0 picks a free one, see
+ * hixlGetLocalEngine). Unset: a client-only engine that accepts no peers. */
+#define HIXL_OPTION_LOCAL_PORT "LocalPort"
+/* The default peer (set both or neither): the engine connects to it when
+ * created, or, if it is not up yet, on the first transfer that needs it. */
+#define HIXL_OPTION_REMOTE_IP "RemoteIp"
+#define HIXL_OPTION_REMOTE_PORT "RemotePort"
+/* "AUTO", "SHM", "TCP", "UCX"; "HCCS" = the intra-host link (SHM), "RDMA" =
+ * the RDMA-capable one (UCX; HIXL_UNSUPPORTED in builds without it). */
+#define HIXL_OPTION_LINK_TYPE "LinkType"
+/* "1": hixlAllocMemory returns shareable memory peers map ("0": private). */
+#define HIXL_OPTION_ENABLE_USE_FABRIC_MEM "EnableUseFabricMem"
+/* A JSON object whose keys are C++ engine options (hixl::options), values
+ * strings or integers, e.g. {"CopyThreads":"4","TcpLanes":2}. Unknown keys
+ * and non-scalar values are rejected when set. */
+#define HIXL_OPTION_GLOBAL_RESOURCE_CONFIG "GlobalResourceConfig"
+/* Milliseconds a connect may take (1..3600000, default 3000). */
+#define HIXL_OPTION_CONNECT_TIMEOUT_MS "ConnectTimeoutMs"
+/* Milliseconds a synchronous transfer may take (0 = no limit, default 60000). */
+#define HIXL_OPTION_TRANSFER_TIMEOUT_MS "TransferTimeoutMs"
+/* The C++ option keys ("CopyThreads", "TcpLanes", ...) are accepted as keys
+ * too; their values are checked by hixlCreateEngine. */
+
+HIXL_C_EXPORT HixlStatus hixlCreateConfig(HixlConfig* config);
+/* Unknown keys and malformed values: HIXL_PARAM_INVALID (config unchanged). */
+HIXL_C_EXPORT HixlStatus hixlConfigSetString(HixlConfig config, const char* key, const char* value);
+HIXL_C_EXPORT HixlStatus hixlConfigSetInt(HixlConfig config, const char* key, int64_t value);
+HIXL_C_EXPORT HixlStatus hixlDestroyConfig(HixlConfig config);
+
+/* ------------------------------------------------------------------ engine */
+
+/* Creates and initializes an engine. The config may be destroyed afterwards. */
+HIXL_C_EXPORT HixlStatus hixlCreateEngine(HixlConfig config, HixlEngine* engine);
+/* Finalizes the engine (unfinished requests end HIXL_FAILED), releases its
+ * memory handles and hixlAllocMemory memory. */
+HIXL_C_EXPORT HixlStatus hixlDestroyEngine(HixlEngine engine);
+/* The engine's address "ip:port" (or "ip" for a client-only engine); owned by
+ * the engine. NULL for an invalid engine. */
+HIXL_C_EXPORT const char* hixlGetLocalEngine(HixlEngine engine);
+/* Explicit link management (transfers connect on demand; these are optional).
+ * remote: "ip:port". hixlConnect to a connected peer: HIXL_ALREADY_CONNECTED. */
+HIXL_C_EXPORT HixlStatus hixlConnect(HixlEngine engine, const char* remote, int32_t timeout_ms);
+HIXL_C_EXPORT HixlStatus hixlDisconnect(HixlEngine engine, const char* remote, int32_t timeout_ms);
+
+/* ------------------------------------------------------------------ memory */
+
+#define HIXL_MEM_PERM_READ 0x1u  /* peers may read it */
+#define HIXL_MEM_PERM_WRITE 0x2u /* peers may write it */
+
+/* Registers [addr, addr+size) for remote access. perms: a non-zero
+ * combination of HIXL_MEM_PERM_*. Memory from hixlAllocMemory is already
+ * registered READ|WRITE by the engine; registering (part of) it returns a
+ * handle naming that part. */
+HIXL_C_EXPORT HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size,
+                                            uint32_t perms, HixlMemHandle* handle);
+/* Releases a handle of this engine: a registered region is deregistered (see
+ * hixl.h for the guarantee); a deserialized handle is simply released. */
+HIXL_C_EXPORT HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle handle);
+/* Engine-owned shareable host memory (page-aligned, zeroed). */
+HIXL_C_EXPORT HixlStatus hixlAllocMemory(HixlEngine engine, size_t size, void** ptr);
+HIXL_C_EXPORT HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr);
+
+/* A printable string naming the handle's engine ("ip:port"), region address,
+ * length, permissions and a checksum; owned by the handle. NULL for an
+ * invalid handle or a handle of a client-only engine (peers cannot reach it).
+ */
+HIXL_C_EXPORT const char* hixlMemHandleSerialize(HixlMemHandle handle);
+/* Parses a string from hixlMemHandleSerialize (of any engine) into a handle
+ * owned by `engine`. Checks syntax, ranges and checksum (a truncated or
+ * altered string: HIXL_PARAM_INVALID); it does not contact the owner: the
+ * first transfer connects (a dead owner then gives HIXL_NOT_CONNECTED). */
+HIXL_C_EXPORT HixlStatus hixlMemHandleDeserialize(HixlEngine engine, const char* str,
+                                                  HixlMemHandle* handle);
+/* Size in bytes of the region a handle names (0 for an invalid handle). */
+HIXL_C_EXPORT size_t hixlMemHandleGetSize(HixlMemHandle handle);
+
+/* ------------------------------------------------------------------ transfers */
+
+/* Blocking: returns when the bytes are in the remote memory (or the transfer
+ * failed). remote_offset + size must lie inside the handle's region and the
+ * region must allow the access. request may be NULL; otherwise it receives a
+ * completed request (free it with hixlDestroyRequest). */
+HIXL_C_EXPORT HixlStatus hixlWriteRemote(HixlEngine engine, const void* local, size_t size,
+                                         HixlMemHandle remote, uint64_t remote_offset,
+                                         HixlRequest* request);
+HIXL_C_EXPORT HixlStatus hixlReadRemote(HixlEngine engine, void* local, size_t size,
+                                        HixlMemHandle remote, uint64_t remote_offset,
+                                        HixlRequest* request);
+/* Non-blocking: validates, posts and returns a request at once. The local
+ * buffer must stay valid until the request has ended. */
+HIXL_C_EXPORT HixlStatus hixlWriteRemoteAsync(HixlEngine engine, const void* local, size_t size,
+                                              HixlMemHandle remote, uint64_t remote_offset,
+                                              HixlRequest* request);
+HIXL_C_EXPORT HixlStatus hixlReadRemoteAsync(HixlEngine engine, void* local, size_t size,
+                                             HixlMemHandle remote, uint64_t remote_offset,
+                                             HixlRequest* request);
+
+/* Batches: many descriptors in one request. Every descriptor's handle must
+ * name the same remote engine; one bad descriptor fails the whole batch and
+ * nothing moves. */
+typedef enum HixlTransferOp { HIXL_OP_READ = 0, HIXL_OP_WRITE = 1 } HixlTransferOp;
+typedef struct HixlTransferDesc {
+  void* local;            /* address in this process */
+  HixlMemHandle remote;   /* remote region */
+  uint64_t remote_offset; /* offset inside the remote region */
+  size_t size;            /* bytes (> 0) */
+} HixlTransferDesc;
+HIXL_C_EXPORT HixlStatus hixlTransferBatch(HixlEngine engine, HixlTransferOp op,
+                                           const HixlTransferDesc* descs, size_t count,
+                                           HixlRequest* request);
+HIXL_C_EXPORT HixlStatus hixlTransferBatchAsync(HixlEngine engine, HixlTransferOp op,
+                                                const HixlTransferDesc* descs, size_t count,
+                                                HixlRequest* request);
+
+/* HIXL_SUCCESS when done, HIXL_IN_PROGRESS while running, else the failure
+ * (HIXL_TIMEOUT, HIXL_NOT_CONNECTED, ...). An ended request keeps answering
+ * the same. A request of another engine or a destroyed one: HIXL_PARAM_INVALID. */
+HIXL_C_EXPORT HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request);
+/* Waits up to timeout_ms (HIXL_WAIT_FOREVER: no limit) for the request to end
+ * and returns what hixlPollRequest then answers: HIXL_IN_PROGRESS means the
+ * wait timed out and the request is still running. */
+HIXL_C_EXPORT HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeout_ms);
+/* Releases a request. An unfinished one is waited for first, so its buffers
+ * may be reused once this returns. */
+HIXL_C_EXPORT HixlStatus hixlDestroyRequest(HixlRequest request);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* HIXL_HIXL_C_H_ */

@@ -1,0 +1,420 @@
+// hixl._hixl: pybind11 bindings. hixl.Hixl wraps the C++ class hixl::Hixl
+// (every method, snake_case); hixl._hixl.Endpoint wraps the C API for the
+// convenience layer hixl.Context (python/hixl/__init__.py). Failures raise
+// hixl.HixlError with .code (the status number) and .code_name.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hixl/hixl.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(int code, const std::string& msg) {
+  py::object exc = py::reinterpret_borrow<py::object>(g_error)(msg);
+  exc.attr("code") = code;
+  exc.attr("code_name") = code == HIXL_IN_PROGRESS
+                              ? std::string("IN_PROGRESS")
+                              : std::string(hixl::StatusCodeName(static_cast<hixl::StatusCode>(code)));
+  PyErr_SetObject(g_error, exc.ptr());
+  throw py::error_already_set();
+}
+void Check(const hixl::Status& s) {
+  if (!s.ok()) Raise(static_cast<int>(s.code()), s.ToString());
+}
+void CheckC(HixlStatus s) {
+  if (s != HIXL_SUCCESS) {
+    std::string m = hixlGetLastErrorMessage();
+    Raise(static_cast<int>(s), m.empty() ? hixlGetErrorString(s) : m);
+  }
+}
+
+// The memory behind a Python object, without copying: an int address, a
+// torch tensor (data_ptr), or any C-contiguous buffer-protocol object. The
+// buffer view (if any) is held until this object dies.
+class Memory {
+ public:
+  Memory(py::handle obj, bool writable) {
+    if (py::isinstance<py::int_>(obj)) {
+      addr_ = obj.cast<uintptr_t>();
+      if (addr_ == 0) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: address 0");
+      return;
+    }
+    if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size")) {  // torch.Tensor
+      std::string dev = py::str(obj.attr("device").attr("type"));
+      if (dev != "cpu") Raise(HIXL_UNSUPPORTED, "UNSUPPORTED: tensor on " + dev + " (host tensors only)");
+      if (!obj.attr("is_contiguous")().cast<bool>()) {
+        Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: tensor is not contiguous");
+      }
+      addr_ = obj.attr("data_ptr")().cast<uintptr_t>();
+      size_ = obj.attr("numel")().cast<size_t>() * obj.attr("element_size")().cast<size_t>();
+      sized_ = true;
+      return;
+    }
+    if (py::hasattr(obj, "_hixl_address")) {  // hixl.Buffer (local)
+      if (obj.attr("_hixl_address").is_none()) {
+        Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: a remote hixl.Buffer is not local memory");
+      }
+      addr_ = obj.attr("_hixl_address").cast<uintptr_t>();
+      size_ = obj.attr("size").cast<size_t>();
+      sized_ = true;
+      return;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+      PyErr_Clear();
+      Raise(HIXL_PARAM_INVALID, std::string("PARAM_INVALID: expected an int address, a tensor or a ") +
+                                    (writable ? "writable " : "") + "C-contiguous buffer, got " +
+                                    std::string(py::str(obj.get_type())));
+    }
+    held_ = true;
+    addr_ = reinterpret_cast<uintptr_t>(view_.buf);
+    size_ = static_cast<size_t>(view_.len);
+    sized_ = true;
+  }
+  ~Memory() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+  // Checks n bytes fit.
+  uintptr_t Addr(size_t n) const {
+    if (sized_ && n > size_) {
+      Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: " + std::to_string(n) + " bytes requested but the object has " +
+                                    std::to_string(size_));
+    }
+    return addr_;
+  }
+  size_t size() const { return size_; }
+  bool sized() const { return sized_; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+  bool sized_ = false;
+  uintptr_t addr_ = 0;
+  size_t size_ = 0;
+};
+
+std::vector<hixl::TransferOpDesc> Descs(py::handle seq) {
+  std::vector<hixl::TransferOpDesc> out;
+  for (py::handle item : seq) {
+    if (py::isinstance<hixl::TransferOpDesc>(item)) {
+      out.push_back(item.cast<hixl::TransferOpDesc>());
+    } else {
+      auto t = item.cast<py::sequence>();
+      if (t.size() != 3) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: descriptor must be (local, remote, len)");
+      out.push_back({t[0].cast<uintptr_t>(), t[1].cast<uintptr_t>(), t[2].cast<size_t>()});
+    }
+  }
+  return out;
+}
+
+// The C API engine behind hixl.Context.
+class Endpoint {
+ public:
+  Endpoint(const std::string& ip, int port, const std::string& link) {
+    HixlConfig cfg = nullptr;
+    CheckC(hixlCreateConfig(&cfg));
+    HixlStatus s = hixlConfigSetString(cfg, HIXL_OPTION_LOCAL_IP, ip.c_str());
+    if (s == HIXL_SUCCESS && port >= 0) s = hixlConfigSetInt(cfg, HIXL_OPTION_LOCAL_PORT, port);
+    if (s == HIXL_SUCCESS) s = hixlConfigSetString(cfg, HIXL_OPTION_LINK_TYPE, link.c_str());
+    if (s == HIXL_SUCCESS) s = hixlCreateEngine(cfg, &engine_);
+    std::string msg = hixlGetLastErrorMessage();
+    hixlDestroyConfig(cfg);
+    if (s != HIXL_SUCCESS) Raise(s, msg);
+  }
+  ~Endpoint() { Close(); }
+  void Close() {
+    if (engine_ == nullptr) return;
+    hixlDestroyEngine(engine_);  // releases handles and engine memory
+    engine_ = nullptr;
+    for (void* p : private_) std::free(p);
+    private_.clear();
+    handles_.clear();
+  }
+  HixlEngine engine() const {
+    if (engine_ == nullptr) Raise(HIXL_FAILED, "FAILED: the context is closed");
+    return engine_;
+  }
+  std::string Address() const { return hixlGetLocalEngine(engine()); }
+
+  // -> (address, handle id, serialized handle)
+  py::tuple Alloc(size_t size, bool shareable) {
+    HixlEngine e = engine();
+    if (size == 0) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: size must be > 0");
+    void* p = nullptr;
+    if (shareable) {
+      CheckC(hixlAllocMemory(e, size, &p));
+    } else {
+      if (posix_memalign(&p, 4096, size) != 0) Raise(HIXL_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: out of memory");
+      std::memset(p, 0, size);
+      private_.push_back(p);
+    }
+    HixlMemHandle h = nullptr;
+    CheckC(hixlRegisterMemory(e, p, size, HIXL_MEM_PERM_READ | HIXL_MEM_PERM_WRITE, &h));
+    uint64_t id = next_id_++;
+    handles_[id] = h;
+    return py::make_tuple(reinterpret_cast<uintptr_t>(p), id, std::string(hixlMemHandleSerialize(h)));
+  }
+  // -> (handle id, size)
+  py::tuple Import(const std::string& str) {
+    HixlMemHandle h = nullptr;
+    CheckC(hixlMemHandleDeserialize(engine(), str.c_str(), &h));
+    uint64_t id = next_id_++;
+    handles_[id] = h;
+    return py::make_tuple(id, hixlMemHandleGetSize(h));
+  }
+  void Release(uint64_t id) {
+    auto it = handles_.find(id);
+    if (it == handles_.end()) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: unknown buffer");
+    CheckC(hixlUnregisterMemory(engine(), it->second));
+    handles_.erase(it);
+  }
+  void Transfer(bool write, py::handle local, uint64_t id, uint64_t offset, size_t n) {
+    HixlEngine e = engine();
+    auto it = handles_.find(id);
+    if (it == handles_.end()) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: unknown or released buffer");
+    if (n == 0) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: n must be > 0");
+    Memory m(local, /*writable=*/!write);
+    uintptr_t a = m.Addr(n);
+    HixlMemHandle h = it->second;
+    HixlStatus s;
+    {
+      py::gil_scoped_release nogil;
+      s = write ? hixlWriteRemote(e, reinterpret_cast<void*>(a), n, h, offset, nullptr)
+                : hixlReadRemote(e, reinterpret_cast<void*>(a), n, h, offset, nullptr);
+    }
+    CheckC(s);
+  }
+
+ private:
+  HixlEngine engine_ = nullptr;
+  std::map<uint64_t, HixlMemHandle> handles_;
+  std::vector<void*> private_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_hixl, m) {
+  m.doc() = "hixl: one-sided READ/WRITE into memory another process registered";
+  g_error = PyErr_NewExceptionWithDoc("hixl.HixlError",
+                                      "A hixl call failed; .code is the status number, .code_name its name.",
+                                      PyExc_RuntimeError, nullptr);
+  m.attr("HixlError") = py::handle(g_error);
+
+  py::enum_<hixl::StatusCode>(m, "StatusCode")
+      .value("SUCCESS", hixl::StatusCode::kSuccess)
+      .value("PARAM_INVALID", hixl::StatusCode::kParamInvalid)
+      .value("TIMEOUT", hixl::StatusCode::kTimeout)
+      .value("NOT_CONNECTED", hixl::StatusCode::kNotConnected)
+      .value("ALREADY_CONNECTED", hixl::StatusCode::kAlreadyConnected)
+      .value("NOTIFY_FAILED", hixl::StatusCode::kNotifyFailed)
+      .value("UNSUPPORTED", hixl::StatusCode::kUnsupported)
+      .value("RESOURCE_EXHAUSTED", hixl::StatusCode::kResourceExhausted)
+      .value("FAILED", hixl::StatusCode::kFailed);
+  py::enum_<hixl::MemType>(m, "MemType")
+      .value("MEM_DEVICE", hixl::MemType::MEM_DEVICE)
+      .value("MEM_HOST", hixl::MemType::MEM_HOST);
+  py::enum_<hixl::TransferOp>(m, "TransferOp")
+      .value("READ", hixl::TransferOp::READ)
+      .value("WRITE", hixl::TransferOp::WRITE);
+  py::enum_<hixl::TransferStatus>(m, "TransferStatus")
+      .value("WAITING", hixl::TransferStatus::WAITING)
+      .value("COMPLETED", hixl::TransferStatus::COMPLETED)
+      .value("TIMEOUT", hixl::TransferStatus::TIMEOUT)
+      .value("FAILED", hixl::TransferStatus::FAILED);
+  py::enum_<hixl::LinkType>(m, "LinkType")
+      .value("AUTO", hixl::LinkType::AUTO)
+      .value("SHM", hixl::LinkType::SHM)
+      .value("TCP", hixl::LinkType::TCP)
+      .value("UCX", hixl::LinkType::UCX);
+  m.attr("MEM_PERM_NONE") = static_cast<uint32_t>(hixl::MEM_PERM_NONE);
+  m.attr("MEM_PERM_READ") = static_cast<uint32_t>(hixl::MEM_PERM_READ);
+  m.attr("MEM_PERM_WRITE") = static_cast<uint32_t>(hixl::MEM_PERM_WRITE);
+  m.attr("MEM_PERM_READ_WRITE") = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE);
+
+  py::class_<hixl::MemDesc>(m, "MemDesc")
+      .def(py::init([](uintptr_t addr, size_t len) { return hixl::MemDesc{addr, len}; }), "addr"_a = 0,
+           "len"_a = 0)
+      .def_readwrite("addr", &hixl::MemDesc::addr)
+      .def_readwrite("len", &hixl::MemDesc::len);
+  py::class_<hixl::TransferOpDesc>(m, "TransferOpDesc")
+      .def(py::init([](uintptr_t l, uintptr_t r, size_t n) { return hixl::TransferOpDesc{l, r, n}; }),
+           "local_addr"_a = 0, "remote_addr"_a = 0, "len"_a = 0)
+      .def_readwrite("local_addr", &hixl::TransferOpDesc::local_addr)
+      .def_readwrite("remote_addr", &hixl::TransferOpDesc::remote_addr)
+      .def_readwrite("len", &hixl::TransferOpDesc::len);
+
+  py::class_<hixl::Hixl>(m, "Hixl", "hixl::Hixl; every method raises HixlError on failure.")
+      .def(py::init<>())
+      .def("initialize",
+           [](hixl::Hixl& h, const std::string& local, const std::map<std::string, std::string>& opts) {
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.Initialize(local, opts);
+             }
+             Check(s);
+           },
+           "local_engine"_a, "options"_a = std::map<std::string, std::string>{})
+      .def("finalize", [](hixl::Hixl& h) { py::gil_scoped_release nogil; h.Finalize(); })
+      .def("local_engine", &hixl::Hixl::LocalEngine)
+      .def("register_mem",
+           [](hixl::Hixl& h, py::object mem, std::optional<size_t> len, hixl::MemType type, uint32_t perms) {
+             uintptr_t addr;
+             size_t n;
+             if (py::isinstance<hixl::MemDesc>(mem)) {
+               auto d = mem.cast<hixl::MemDesc>();
+               addr = d.addr;
+               n = d.len;
+             } else {
+               Memory m(mem, /*writable=*/false);
+               if (!len && !m.sized()) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: len is required with an address");
+               n = len ? *len : m.size();
+               addr = m.Addr(n);
+             }
+             hixl::MemHandle handle = 0;
+             Check(h.RegisterMem({addr, n}, type, handle, perms));
+             return handle;
+           },
+           "mem"_a, "len"_a = py::none(), "type"_a = hixl::MemType::MEM_HOST,
+           "perms"_a = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE))
+      .def("deregister_mem",
+           [](hixl::Hixl& h, hixl::MemHandle handle) {
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.DeregisterMem(handle);
+             }
+             Check(s);
+           },
+           "handle"_a)
+      .def("alloc_mem",
+           [](hixl::Hixl& h, size_t size, hixl::MemType type) {
+             void* p = nullptr;
+             Check(h.AllocMem(size, type, &p));
+             return reinterpret_cast<uintptr_t>(p);
+           },
+           "size"_a, "type"_a = hixl::MemType::MEM_HOST)
+      .def("free_mem", [](hixl::Hixl& h, uintptr_t p) { Check(h.FreeMem(reinterpret_cast<void*>(p))); }, "ptr"_a)
+      .def("get_mem_handle",
+           [](hixl::Hixl& h, uintptr_t p) {
+             hixl::MemHandle handle = 0;
+             Check(h.GetMemHandle(reinterpret_cast<void*>(p), handle));
+             return handle;
+           },
+           "ptr"_a)
+      .def("connect",
+           [](hixl::Hixl& h, const std::string& remote, int32_t timeout_ms) {
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.Connect(remote, timeout_ms);
+             }
+             Check(s);
+           },
+           "remote_engine"_a, "timeout_ms"_a = 1000)
+      .def("disconnect",
+           [](hixl::Hixl& h, const std::string& remote, int32_t timeout_ms) {
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.Disconnect(remote, timeout_ms);
+             }
+             Check(s);
+           },
+           "remote_engine"_a, "timeout_ms"_a = 1000)
+      .def("get_link_type",
+           [](hixl::Hixl& h, const std::string& remote) {
+             hixl::LinkType t;
+             Check(h.GetLinkType(remote, t));
+             return t;
+           },
+           "remote_engine"_a)
+      .def("transfer_sync",
+           [](hixl::Hixl& h, const std::string& remote, hixl::TransferOp op, py::handle descs,
+              int32_t timeout_ms) {
+             auto d = Descs(descs);
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.TransferSync(remote, op, d, timeout_ms);
+             }
+             Check(s);
+           },
+           "remote_engine"_a, "op"_a, "descs"_a, "timeout_ms"_a = 1000)
+      .def("transfer_async",
+           [](hixl::Hixl& h, const std::string& remote, hixl::TransferOp op, py::handle descs,
+              uint64_t user_data) {
+             auto d = Descs(descs);
+             hixl::TransferArgs args;
+             args.user_data = user_data;
+             hixl::TransferReq req = 0;
+             hixl::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = h.TransferAsync(remote, op, d, args, req);
+             }
+             Check(s);
+             return req;
+           },
+           "remote_engine"_a, "op"_a, "descs"_a, "user_data"_a = 0)
+      .def("get_transfer_status",
+           [](hixl::Hixl& h, hixl::TransferReq req, bool with_reason) -> py::object {
+             hixl::TransferStatus st;
+             hixl::Status reason;
+             Check(h.GetTransferStatus(req, st, reason));
+             if (!with_reason) return py::cast(st);
+             return py::make_tuple(st, static_cast<int>(reason.code()), reason.ToString());
+           },
+           "req"_a, "with_reason"_a = false,
+           "WAITING, COMPLETED, TIMEOUT or FAILED; with_reason=True: (status, code, message).");
+
+  py::class_<Endpoint>(m, "Endpoint", "The C API engine behind hixl.Context (internal).")
+      .def(py::init<const std::string&, int, const std::string&>(), "ip"_a = "127.0.0.1", "port"_a = 0,
+           "link_type"_a = "AUTO")
+      .def_property_readonly("address", &Endpoint::Address)
+      .def("alloc", &Endpoint::Alloc, "size"_a, "shareable"_a = true)
+      .def("import_handle", &Endpoint::Import, "handle"_a)
+      .def("release", &Endpoint::Release, "id"_a)
+      .def("write", [](Endpoint& e, py::handle src, uint64_t id, uint64_t off, size_t n) {
+        e.Transfer(true, src, id, off, n);
+      })
+      .def("read", [](Endpoint& e, uint64_t id, py::handle dst, uint64_t off, size_t n) {
+        e.Transfer(false, dst, id, off, n);
+      })
+      .def("close", &Endpoint::Close);
+
+  m.def("address_of",
+        [](py::handle obj, bool writable) {
+          Memory mem(obj, writable);
+          return py::make_tuple(mem.Addr(0), mem.sized() ? py::cast(mem.size()) : py::none());
+        },
+        "obj"_a, "writable"_a = false,
+        "(address, size or None) of an int, tensor or buffer-protocol object (no copy).");
+  m.def("memmove",
+        [](py::handle dst, py::handle src, size_t n) {
+          Memory d(dst, true), s(src, false);
+          uintptr_t da = d.Addr(n), sa = s.Addr(n);
+          py::gil_scoped_release nogil;
+          std::memmove(reinterpret_cast<void*>(da), reinterpret_cast<const void*>(sa), n);
+        },
+        "dst"_a, "src"_a, "n"_a);
+  m.def("view", [](uintptr_t addr, size_t n) {
+    return py::memoryview::from_memory(reinterpret_cast<void*>(addr), static_cast<py::ssize_t>(n), false);
+  });
+}

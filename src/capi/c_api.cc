@@ -1,0 +1,868 @@
+// The C API (hixl/hixl_c.h): a thin wrapper over hixl::Hixl.
+//
+// Every handle handed to the caller is recorded in one table of live handles
+// (pointer -> kind, object); every entry point looks its handles up there
+// before touching them, so NULL, foreign and already destroyed handles are
+// reported as HIXL_PARAM_INVALID and never dereferenced.
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/net.h"
+#include "hixl/hixl.h"
+
+static_assert(HIXL_SUCCESS == static_cast<int>(hixl::StatusCode::kSuccess));
+static_assert(HIXL_PARAM_INVALID == static_cast<int>(hixl::StatusCode::kParamInvalid));
+static_assert(HIXL_TIMEOUT == static_cast<int>(hixl::StatusCode::kTimeout));
+static_assert(HIXL_NOT_CONNECTED == static_cast<int>(hixl::StatusCode::kNotConnected));
+static_assert(HIXL_ALREADY_CONNECTED == static_cast<int>(hixl::StatusCode::kAlreadyConnected));
+static_assert(HIXL_NOTIFY_FAILED == static_cast<int>(hixl::StatusCode::kNotifyFailed));
+static_assert(HIXL_UNSUPPORTED == static_cast<int>(hixl::StatusCode::kUnsupported));
+static_assert(HIXL_RESOURCE_EXHAUSTED == static_cast<int>(hixl::StatusCode::kResourceExhausted));
+static_assert(HIXL_FAILED == static_cast<int>(hixl::StatusCode::kFailed));
+static_assert(HIXL_MEM_PERM_READ == hixl::MEM_PERM_READ);
+static_assert(HIXL_MEM_PERM_WRITE == hixl::MEM_PERM_WRITE);
+
+struct HixlConfigObj {
+  std::map<std::string, std::string> c_opts;       // the C API's own keys
+  std::map<std::string, std::string> engine_opts;  // passed to Initialize
+};
+
+struct HixlEngineObj {
+  hixl::Hixl engine;
+  std::string local;
+  std::string default_remote;
+  int32_t connect_timeout_ms = 3000;
+  int32_t transfer_timeout_ms = 60000;
+
+  std::mutex connect_mu;  // one Connect at a time (concurrent first transfers)
+  std::mutex mu;          // guards everything below
+  std::set<std::string> connected;
+  std::set<HixlMemHandleObj*> handles;
+  std::set<struct RequestImpl*> requests;
+  std::map<uintptr_t, size_t> allocs;               // hixlAllocMemory: start -> size
+  std::map<hixl::MemHandle, int> registrations;     // RegisterMem handle -> C handles using it
+};
+
+struct HixlMemHandleObj {
+  HixlEngineObj* owner = nullptr;  // the engine that registered or deserialized it
+  bool local = false;              // registered by `owner`
+  bool alloc_backed = false;       // inside hixlAllocMemory memory (not deregistered)
+  hixl::MemHandle cxx = 0;
+  std::string engine_addr;  // the engine whose memory this is
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint32_t perms = 0;
+  std::string serialized;
+};
+
+struct RequestImpl {
+  HixlRequestObj pub{};
+  std::mutex mu;                    // guards the fields below
+  HixlEngineObj* engine = nullptr;  // null once the engine is destroyed
+  hixl::TransferReq cxx = 0;        // 0: nothing to ask the engine
+  HixlStatus final_status = HIXL_IN_PROGRESS;
+  std::string reason;
+};
+
+namespace {
+
+enum class Kind { kConfig, kEngine, kMem, kRequest };
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const void*, std::pair<Kind, void*>> live;
+};
+Registry& Reg() {
+  static Registry* r = new Registry;  // never destroyed: usable during exit
+  return *r;
+}
+void Track(const void* key, Kind k, void* obj) {
+  std::lock_guard<std::mutex> l(Reg().mu);
+  Reg().live[key] = {k, obj};
+}
+// Removes the entry; false when key is not a live handle of kind k.
+bool Untrack(const void* key, Kind k) {
+  std::lock_guard<std::mutex> l(Reg().mu);
+  auto it = Reg().live.find(key);
+  if (it == Reg().live.end() || it->second.first != k) return false;
+  Reg().live.erase(it);
+  return true;
+}
+template <typename T>
+T* Lookup(const void* key, Kind k) {
+  if (key == nullptr) return nullptr;
+  std::lock_guard<std::mutex> l(Reg().mu);
+  auto it = Reg().live.find(key);
+  if (it == Reg().live.end() || it->second.first != k) return nullptr;
+  return static_cast<T*>(it->second.second);
+}
+
+std::atomic<uint64_t> g_next_request_id{1};
+
+thread_local std::string t_last_error;
+
+HixlStatus Fail(HixlStatus code, std::string msg) {
+  t_last_error = std::move(msg);
+  return code;
+}
+HixlStatus FromCxx(const hixl::Status& s) {
+  if (s.ok()) return HIXL_SUCCESS;
+  t_last_error = s.ToString();
+  return static_cast<HixlStatus>(s.code());
+}
+HixlStatus Invalid(const std::string& what) { return Fail(HIXL_PARAM_INVALID, what); }
+
+bool ParseInt64(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
+  if (s.empty() || s.size() > 20) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size() || v < lo || v > hi) return false;
+  if (!(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-')) return false;
+  out = v;
+  return true;
+}
+
+bool IsIpLiteral(const std::string& s) {
+  if (s.empty() || s.find_first_of("[]") != std::string::npos) return false;
+  hixl::net::HostPort hp;
+  if (!hixl::net::ParseHostPort(s, hp).ok()) return false;
+  return hp.port < 0;
+}
+
+std::string JoinHostPort(const std::string& ip, int64_t port) {
+  if (ip.find(':') != std::string::npos) return "[" + ip + "]:" + std::to_string(port);
+  return ip + ":" + std::to_string(port);
+}
+
+// The C++ engine option keys a config (or GLOBAL_RESOURCE_CONFIG) may carry.
+const std::set<std::string>& EngineOptionKeys() {
+  static const std::set<std::string> keys = {
+      hixl::options::kLinkType,          hixl::options::kCopyThreads,
+      hixl::options::kEnableUseFabricMem, hixl::options::kDeregisterTimeoutMs,
+      hixl::options::kHandshakeTimeoutMs, hixl::options::kTcpLanes,
+      hixl::options::kTcpSliceSize,       hixl::options::kTcpIoThreads,
+  };
+  return keys;
+}
+
+// FNV-1a 64 of a string: the serialized handle's checksum.
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+constexpr char kHandlePrefix[] = "hixl-mem1;";
+
+std::string SerializeFields(const HixlMemHandleObj& m) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, ";a=%" PRIx64 ";l=%" PRIu64 ";p=%u", m.addr, m.len, m.perms);
+  std::string body = std::string(kHandlePrefix) + "e=" + m.engine_addr + buf;
+  char sum[32];
+  std::snprintf(sum, sizeof sum, ";c=%016" PRIx64, Fnv1a(body));
+  return body + sum;
+}
+
+bool ParseHexU64(const std::string& s, uint64_t& out) {
+  if (s.empty() || s.size() > 16) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return false;
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  out = v;
+  return true;
+}
+
+// Strict parse of SerializeFields' output.
+hixl::Status ParseHandle(const std::string& s, HixlMemHandleObj& m) {
+  auto bad = [&](const std::string& why) {
+    return hixl::Status::ParamInvalid("memory handle string is invalid (" + why + ")");
+  };
+  if (s.size() > 512) return bad("too long");
+  if (s.compare(0, sizeof(kHandlePrefix) - 1, kHandlePrefix) != 0) return bad("wrong prefix");
+  size_t cpos = s.rfind(";c=");
+  if (cpos == std::string::npos) return bad("no checksum");
+  uint64_t sum = 0;
+  std::string sum_text = s.substr(cpos + 3);
+  if (sum_text.size() != 16 || !ParseHexU64(sum_text, sum)) return bad("malformed checksum");
+  std::string body = s.substr(0, cpos);
+  if (Fnv1a(body) != sum) return bad("checksum mismatch: truncated or altered");
+  // body: prefix e=ENGINE;a=HEX;l=DEC;p=DEC
+  std::vector<std::string> parts;
+  size_t start = sizeof(kHandlePrefix) - 1;
+  for (;;) {
+    size_t semi = body.find(';', start);
+    parts.push_back(body.substr(start, semi == std::string::npos ? std::string::npos : semi - start));
+    if (semi == std::string::npos) break;
+    start = semi + 1;
+  }
+  if (parts.size() != 4) return bad("expected 4 fields");
+  const char* names[] = {"e=", "a=", "l=", "p="};
+  for (size_t i = 0; i < 4; ++i) {
+    if (parts[i].compare(0, 2, names[i]) != 0) return bad(std::string("missing ") + names[i]);
+    parts[i] = parts[i].substr(2);
+  }
+  hixl::net::HostPort hp;
+  if (!hixl::net::ParseHostPort(parts[0], hp).ok() || hp.port <= 0) return bad("engine address");
+  int64_t len = 0, perms = 0;
+  if (!ParseHexU64(parts[1], m.addr) || m.addr == 0) return bad("address");
+  if (!ParseInt64(parts[2], 1, INT64_MAX, len) || parts[2][0] == '-') return bad("length");
+  if (!ParseInt64(parts[3], 1, 3, perms)) return bad("permissions");
+  if (m.addr + static_cast<uint64_t>(len) < m.addr) return bad("region wraps around");
+  m.engine_addr = hp.ToString();
+  m.len = static_cast<uint64_t>(len);
+  m.perms = static_cast<uint32_t>(perms);
+  return hixl::Status::Ok();
+}
+
+hixl::Status EnsureConnected(HixlEngineObj* e, const std::string& addr) {
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    if (e->connected.count(addr) != 0) return hixl::Status::Ok();
+  }
+  std::lock_guard<std::mutex> serial(e->connect_mu);
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    if (e->connected.count(addr) != 0) return hixl::Status::Ok();
+  }
+  hixl::Status s = e->engine.Connect(addr, e->connect_timeout_ms);
+  if (!s.ok() && s.code() != hixl::StatusCode::kAlreadyConnected) return s;
+  std::lock_guard<std::mutex> l(e->mu);
+  e->connected.insert(addr);
+  return hixl::Status::Ok();
+}
+
+void ForgetConnection(HixlEngineObj* e, const std::string& addr) {
+  // Drop the stale link so the next Connect makes a fresh one.
+  (void)e->engine.Disconnect(addr, 100);
+  std::lock_guard<std::mutex> l(e->mu);
+  e->connected.erase(addr);
+}
+
+RequestImpl* NewRequest(HixlEngineObj* e, hixl::TransferReq cxx, HixlStatus final_status) {
+  auto* r = new RequestImpl;
+  r->pub.request_id = g_next_request_id.fetch_add(1);
+  r->engine = e;
+  r->cxx = cxx;
+  r->final_status = final_status;
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->requests.insert(r);
+  }
+  Track(&r->pub, Kind::kRequest, r);
+  return r;
+}
+
+// Asks the engine about an unfinished request; r->mu held.
+void RefreshLocked(RequestImpl* r) {
+  if (r->final_status != HIXL_IN_PROGRESS) return;
+  if (r->engine == nullptr || r->cxx == 0) {
+    r->final_status = HIXL_FAILED;
+    r->reason = "FAILED: the request's engine was destroyed before it ended";
+    return;
+  }
+  hixl::TransferStatus st;
+  hixl::Status reason;
+  hixl::Status s = r->engine->engine.GetTransferStatus(r->cxx, st, reason);
+  if (!s.ok()) {
+    r->final_status = HIXL_FAILED;
+    r->reason = s.ToString();
+    return;
+  }
+  switch (st) {
+    case hixl::TransferStatus::WAITING:
+      return;
+    case hixl::TransferStatus::COMPLETED:
+      r->final_status = HIXL_SUCCESS;
+      return;
+    case hixl::TransferStatus::TIMEOUT:
+      r->final_status = HIXL_TIMEOUT;
+      r->reason = reason.ok() ? "TIMEOUT: the transfer timed out" : reason.ToString();
+      return;
+    case hixl::TransferStatus::FAILED:
+    default:
+      r->final_status = reason.ok() ? HIXL_FAILED : static_cast<HixlStatus>(reason.code());
+      r->reason = reason.ok() ? "FAILED: the transfer failed" : reason.ToString();
+      return;
+  }
+}
+
+void DeleteRequest(RequestImpl* r) {
+  r->pub.request_id = 0;
+  delete r;
+}
+
+HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
+                    size_t count, bool async, HixlRequest* request) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (op != HIXL_OP_READ && op != HIXL_OP_WRITE) return Invalid("unknown transfer op");
+  if (descs == nullptr || count == 0) return Invalid("no descriptors (NULL or count 0)");
+  if (async && request == nullptr) return Invalid("request output pointer is NULL");
+  const uint32_t need = op == HIXL_OP_WRITE ? HIXL_MEM_PERM_WRITE : HIXL_MEM_PERM_READ;
+  std::string remote;
+  std::vector<hixl::TransferOpDesc> cxx;
+  cxx.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const HixlTransferDesc& d = descs[i];
+    std::string at = count > 1 ? "descriptor " + std::to_string(i) + ": " : std::string();
+    if (d.local == nullptr) return Invalid(at + "local address is NULL");
+    if (d.size == 0) return Invalid(at + "size is 0");
+    auto* m = Lookup<HixlMemHandleObj>(d.remote, Kind::kMem);
+    if (m == nullptr) return Invalid(at + "remote memory handle is NULL or not live");
+    if (m->owner != e) return Invalid(at + "remote memory handle belongs to another engine");
+    if (m->engine_addr.empty()) {
+      return Invalid(at + "memory handle of a client-only engine cannot be accessed");
+    }
+    if (d.remote_offset > m->len || d.size > m->len - d.remote_offset) {
+      return Invalid(at + "offset " + std::to_string(d.remote_offset) + " + size " +
+                     std::to_string(d.size) + " exceeds the region's " + std::to_string(m->len) +
+                     " bytes");
+    }
+    if ((m->perms & need) == 0) {
+      return Invalid(at + "the remote region does not allow " +
+                     (op == HIXL_OP_WRITE ? "WRITE" : "READ"));
+    }
+    if (remote.empty()) {
+      remote = m->engine_addr;
+    } else if (remote != m->engine_addr) {
+      return Invalid(at + "all descriptors of a batch must name the same remote engine");
+    }
+    cxx.push_back({reinterpret_cast<uintptr_t>(d.local),
+                   static_cast<uintptr_t>(m->addr + d.remote_offset), d.size});
+  }
+  const auto cop = op == HIXL_OP_WRITE ? hixl::TransferOp::WRITE : hixl::TransferOp::READ;
+  hixl::TransferReq req = 0;
+  hixl::Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    s = EnsureConnected(e, remote);
+    if (!s.ok()) return FromCxx(s);
+    if (async) {
+      hixl::TransferArgs args;
+      s = e->engine.TransferAsync(remote, cop, cxx, args, req);
+    } else {
+      s = e->engine.TransferSync(remote, cop, cxx, e->transfer_timeout_ms);
+    }
+    if (s.code() != hixl::StatusCode::kNotConnected) break;
+    ForgetConnection(e, remote);  // the peer went away: reconnect once
+  }
+  if (!s.ok()) return FromCxx(s);
+  if (request != nullptr) {
+    RequestImpl* r = NewRequest(e, async ? req : 0, async ? HIXL_IN_PROGRESS : HIXL_SUCCESS);
+    *request = &r->pub;
+  }
+  return HIXL_SUCCESS;
+}
+
+HixlStatus Single(HixlEngine engine, HixlTransferOp op, const void* local, size_t size,
+                  HixlMemHandle remote, uint64_t off, bool async, HixlRequest* request) {
+  HixlTransferDesc d{const_cast<void*>(local), remote, off, size};
+  return Transfer(engine, op, &d, 1, async, request);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* hixlGetErrorString(HixlStatus status) {
+  switch (status) {
+    case HIXL_SUCCESS: return "SUCCESS";
+    case HIXL_PARAM_INVALID: return "PARAM_INVALID: an argument is invalid";
+    case HIXL_TIMEOUT: return "TIMEOUT: a deadline passed";
+    case HIXL_NOT_CONNECTED: return "NOT_CONNECTED: no link to the peer";
+    case HIXL_ALREADY_CONNECTED: return "ALREADY_CONNECTED: the peer is already connected";
+    case HIXL_NOTIFY_FAILED: return "NOTIFY_FAILED: a notification could not be delivered";
+    case HIXL_UNSUPPORTED: return "UNSUPPORTED: not possible with this build, link or peer";
+    case HIXL_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED: a limit was reached";
+    case HIXL_FAILED: return "FAILED: the operation failed";
+    case HIXL_IN_PROGRESS: return "IN_PROGRESS: the request has not finished";
+  }
+  return "UNKNOWN: not a hixl status code";
+}
+
+const char* hixlGetLastErrorMessage(void) { return t_last_error.c_str(); }
+
+// ---------------------------------------------------------------- config
+
+HixlStatus hixlCreateConfig(HixlConfig* config) {
+  if (config == nullptr) return Invalid("config output pointer is NULL");
+  auto* c = new HixlConfigObj;
+  Track(c, Kind::kConfig, c);
+  *config = c;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlConfigSetString(HixlConfig config, const char* key, const char* value) {
+  auto* c = Lookup<HixlConfigObj>(config, Kind::kConfig);
+  if (c == nullptr) return Invalid("config is NULL or not a live config handle");
+  if (key == nullptr) return Invalid("option key is NULL");
+  if (value == nullptr) return Invalid(std::string("value of option ") + key + " is NULL");
+  const std::string k = key;
+  const std::string v = value;
+  auto bad = [&](const std::string& expect) {
+    return Invalid("option " + k + "='" + v + "': expected " + expect);
+  };
+  int64_t n = 0;
+  if (k == HIXL_OPTION_LOCAL_IP || k == HIXL_OPTION_REMOTE_IP) {
+    if (!IsIpLiteral(v)) return bad("an IPv4 or IPv6 address");
+    c->c_opts[k] = v;
+  } else if (k == HIXL_OPTION_LOCAL_PORT) {
+    if (!ParseInt64(v, 0, 65535, n)) return bad("a port 0..65535");
+    c->c_opts[k] = std::to_string(n);
+  } else if (k == HIXL_OPTION_REMOTE_PORT) {
+    if (!ParseInt64(v, 1, 65535, n)) return bad("a port 1..65535");
+    c->c_opts[k] = std::to_string(n);
+  } else if (k == HIXL_OPTION_CONNECT_TIMEOUT_MS) {
+    if (!ParseInt64(v, 1, 3600000, n)) return bad("milliseconds 1..3600000");
+    c->c_opts[k] = std::to_string(n);
+  } else if (k == HIXL_OPTION_TRANSFER_TIMEOUT_MS) {
+    if (!ParseInt64(v, 0, INT32_MAX, n)) return bad("milliseconds 0..2147483647 (0: no limit)");
+    c->c_opts[k] = std::to_string(n);
+  } else if (k == HIXL_OPTION_LINK_TYPE) {
+    static const std::set<std::string> kLinks = {"AUTO", "SHM", "TCP", "UCX", "HCCS", "RDMA"};
+    if (kLinks.count(v) == 0) return bad("AUTO, SHM, TCP, UCX, HCCS or RDMA");
+    c->engine_opts[k] = v;
+  } else if (k == HIXL_OPTION_ENABLE_USE_FABRIC_MEM) {
+    if (v != "0" && v != "1") return bad("0 or 1");
+    c->engine_opts[k] = v;
+  } else if (k == HIXL_OPTION_GLOBAL_RESOURCE_CONFIG) {
+    nlohmann::json j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return bad("a JSON object");
+    std::map<std::string, std::string> parsed;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (EngineOptionKeys().count(it.key()) == 0) {
+        return bad("known engine options only; '" + it.key() + "' is not one");
+      }
+      const auto& val = it.value();
+      if (val.is_string()) {
+        parsed[it.key()] = val.get<std::string>();
+      } else if (val.is_number_integer()) {
+        parsed[it.key()] = std::to_string(val.get<int64_t>());
+      } else if (val.is_boolean()) {
+        parsed[it.key()] = val.get<bool>() ? "1" : "0";
+      } else {
+        return bad("string, integer or boolean values; '" + it.key() + "' is not");
+      }
+    }
+    for (auto& [pk, pv] : parsed) c->engine_opts[pk] = pv;
+  } else if (EngineOptionKeys().count(k) != 0) {
+    if (v.empty()) return bad("a value");
+    c->engine_opts[k] = v;  // checked by hixlCreateEngine (Initialize)
+  } else {
+    return Invalid("unknown option key '" + k + "'");
+  }
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlConfigSetInt(HixlConfig config, const char* key, int64_t value) {
+  if (Lookup<HixlConfigObj>(config, Kind::kConfig) == nullptr) {
+    return Invalid("config is NULL or not a live config handle");
+  }
+  if (key == nullptr) return Invalid("option key is NULL");
+  const std::string k = key;
+  if (k == HIXL_OPTION_LOCAL_IP || k == HIXL_OPTION_REMOTE_IP || k == HIXL_OPTION_LINK_TYPE ||
+      k == HIXL_OPTION_GLOBAL_RESOURCE_CONFIG) {
+    return Invalid("option " + k + " takes a string (hixlConfigSetString)");
+  }
+  return hixlConfigSetString(config, key, std::to_string(value).c_str());
+}
+
+HixlStatus hixlDestroyConfig(HixlConfig config) {
+  if (config == nullptr || !Untrack(config, Kind::kConfig)) {
+    return Invalid("config is NULL or not a live config handle");
+  }
+  delete config;
+  return HIXL_SUCCESS;
+}
+
+// ---------------------------------------------------------------- engine
+
+HixlStatus hixlCreateEngine(HixlConfig config, HixlEngine* engine) {
+  auto* c = Lookup<HixlConfigObj>(config, Kind::kConfig);
+  if (c == nullptr) return Invalid("config is NULL or not a live config handle");
+  if (engine == nullptr) return Invalid("engine output pointer is NULL");
+  auto get = [&](const char* k) {
+    auto it = c->c_opts.find(k);
+    return it == c->c_opts.end() ? std::string() : it->second;
+  };
+  std::string ip = get(HIXL_OPTION_LOCAL_IP);
+  if (ip.empty()) ip = "127.0.0.1";
+  std::string port = get(HIXL_OPTION_LOCAL_PORT);
+  std::string local = port.empty() ? ip : JoinHostPort(ip, std::stoll(port));
+  std::string rip = get(HIXL_OPTION_REMOTE_IP), rport = get(HIXL_OPTION_REMOTE_PORT);
+  if (rip.empty() != rport.empty()) {
+    return Invalid("set both " HIXL_OPTION_REMOTE_IP " and " HIXL_OPTION_REMOTE_PORT ", or neither");
+  }
+  auto e = std::make_unique<HixlEngineObj>();
+  if (!get(HIXL_OPTION_CONNECT_TIMEOUT_MS).empty()) {
+    e->connect_timeout_ms = static_cast<int32_t>(std::stoll(get(HIXL_OPTION_CONNECT_TIMEOUT_MS)));
+  }
+  if (!get(HIXL_OPTION_TRANSFER_TIMEOUT_MS).empty()) {
+    e->transfer_timeout_ms = static_cast<int32_t>(std::stoll(get(HIXL_OPTION_TRANSFER_TIMEOUT_MS)));
+  }
+  if (hixl::Status s = e->engine.Initialize(local, c->engine_opts); !s.ok()) return FromCxx(s);
+  e->local = e->engine.LocalEngine();
+  if (!rip.empty()) {
+    e->default_remote = JoinHostPort(rip, std::stoll(rport));
+    // Best effort now; a peer that is not up yet is connected on first use.
+    (void)EnsureConnected(e.get(), e->default_remote);
+  }
+  HixlEngineObj* raw = e.release();
+  Track(raw, Kind::kEngine, raw);
+  *engine = raw;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlDestroyEngine(HixlEngine engine) {
+  if (engine == nullptr || !Untrack(engine, Kind::kEngine)) {
+    return Invalid("engine is NULL or not a live engine handle");
+  }
+  HixlEngineObj* e = engine;
+  std::set<RequestImpl*> reqs;
+  std::set<HixlMemHandleObj*> handles;
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    reqs.swap(e->requests);
+    handles.swap(e->handles);
+  }
+  // Learn the end state of requests that ended already, then fail the rest.
+  for (RequestImpl* r : reqs) {
+    std::lock_guard<std::mutex> l(r->mu);
+    RefreshLocked(r);
+  }
+  e->engine.Finalize();
+  for (RequestImpl* r : reqs) {
+    std::lock_guard<std::mutex> l(r->mu);
+    if (r->final_status == HIXL_IN_PROGRESS) {
+      r->final_status = HIXL_FAILED;
+      r->reason = "FAILED: the request's engine was destroyed before it ended";
+    }
+    r->engine = nullptr;
+  }
+  for (HixlMemHandleObj* m : handles) {
+    Untrack(m, Kind::kMem);
+    delete m;
+  }
+  delete e;
+  return HIXL_SUCCESS;
+}
+
+const char* hixlGetLocalEngine(HixlEngine engine) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) {
+    Invalid("engine is NULL or not a live engine handle");
+    return nullptr;
+  }
+  return e->local.c_str();
+}
+
+HixlStatus hixlConnect(HixlEngine engine, const char* remote, int32_t timeout_ms) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (remote == nullptr) return Invalid("remote engine address is NULL");
+  hixl::Status s = e->engine.Connect(remote, timeout_ms);
+  if (s.ok()) {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->connected.insert(remote);
+  }
+  return FromCxx(s);
+}
+
+HixlStatus hixlDisconnect(HixlEngine engine, const char* remote, int32_t timeout_ms) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (remote == nullptr) return Invalid("remote engine address is NULL");
+  hixl::Status s = e->engine.Disconnect(remote, timeout_ms);
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->connected.erase(remote);
+  }
+  return FromCxx(s);
+}
+
+// ---------------------------------------------------------------- memory
+
+HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32_t perms,
+                              HixlMemHandle* handle) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (addr == nullptr) return Invalid("memory address is NULL");
+  if (size == 0) return Invalid("memory size is 0");
+  if (reinterpret_cast<uintptr_t>(addr) + size < reinterpret_cast<uintptr_t>(addr)) {
+    return Invalid("memory range wraps around");
+  }
+  if (perms == 0 || (perms & ~(HIXL_MEM_PERM_READ | HIXL_MEM_PERM_WRITE)) != 0) {
+    return Invalid("perms must be a non-zero combination of HIXL_MEM_PERM_READ/WRITE");
+  }
+  if (handle == nullptr) return Invalid("handle output pointer is NULL");
+  auto m = std::make_unique<HixlMemHandleObj>();
+  m->owner = e;
+  m->local = true;
+  m->addr = reinterpret_cast<uintptr_t>(addr);
+  m->len = size;
+  m->perms = perms;
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    auto it = e->allocs.upper_bound(m->addr);
+    if (it != e->allocs.begin()) {
+      --it;
+      if (m->addr >= it->first && m->addr - it->first < it->second &&
+          size <= it->second - (m->addr - it->first)) {
+        m->alloc_backed = true;
+        if (hixl::Status s = e->engine.GetMemHandle(reinterpret_cast<void*>(it->first), m->cxx);
+            !s.ok()) {
+          return FromCxx(s);
+        }
+      }
+    }
+  }
+  if (!m->alloc_backed) {
+    hixl::Status s = e->engine.RegisterMem({m->addr, size}, hixl::MemType::MEM_HOST, m->cxx, perms);
+    if (!s.ok()) return FromCxx(s);
+  }
+  hixl::net::HostPort hp;
+  if (hixl::net::ParseHostPort(e->local, hp).ok() && hp.port > 0) {
+    m->engine_addr = e->local;
+    m->serialized = SerializeFields(*m);
+  }
+  HixlMemHandleObj* raw = m.release();
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->handles.insert(raw);
+    if (!raw->alloc_backed) e->registrations[raw->cxx]++;
+  }
+  Track(raw, Kind::kMem, raw);
+  *handle = raw;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle handle) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  auto* m = Lookup<HixlMemHandleObj>(handle, Kind::kMem);
+  if (m == nullptr) return Invalid("memory handle is NULL or not live");
+  if (m->owner != e) return Invalid("memory handle belongs to another engine");
+  bool deregister = false;
+  if (m->local && !m->alloc_backed) {
+    std::lock_guard<std::mutex> l(e->mu);
+    deregister = e->registrations[m->cxx] == 1;
+  }
+  if (deregister) {
+    // On failure the handle stays live so the caller may retry.
+    if (hixl::Status s = e->engine.DeregisterMem(m->cxx); !s.ok()) return FromCxx(s);
+  }
+  if (!Untrack(m, Kind::kMem)) return Invalid("memory handle is not live");
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->handles.erase(m);
+    if (m->local && !m->alloc_backed && --e->registrations[m->cxx] <= 0) {
+      e->registrations.erase(m->cxx);
+    }
+  }
+  delete m;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlAllocMemory(HixlEngine engine, size_t size, void** ptr) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (size == 0) return Invalid("size is 0");
+  if (ptr == nullptr) return Invalid("ptr output pointer is NULL");
+  void* p = nullptr;
+  if (hixl::Status s = e->engine.AllocMem(size, hixl::MemType::MEM_HOST, &p); !s.ok()) {
+    return FromCxx(s);
+  }
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->allocs[reinterpret_cast<uintptr_t>(p)] = size;
+  }
+  *ptr = p;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (ptr == nullptr) return Invalid("ptr is NULL");
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  size_t size = 0;
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    auto it = e->allocs.find(start);
+    if (it == e->allocs.end()) return Invalid("ptr was not returned by hixlAllocMemory of this engine");
+    size = it->second;
+  }
+  if (hixl::Status s = e->engine.FreeMem(ptr); !s.ok()) return FromCxx(s);
+  std::vector<HixlMemHandleObj*> dead;
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->allocs.erase(start);
+    // Handles naming parts of this memory die with it.
+    for (auto* m : e->handles) {
+      if (m->alloc_backed && m->addr >= start && m->addr - start < size) dead.push_back(m);
+    }
+    for (auto* m : dead) e->handles.erase(m);
+  }
+  for (auto* m : dead) {
+    Untrack(m, Kind::kMem);
+    delete m;
+  }
+  return HIXL_SUCCESS;
+}
+
+const char* hixlMemHandleSerialize(HixlMemHandle handle) {
+  auto* m = Lookup<HixlMemHandleObj>(handle, Kind::kMem);
+  if (m == nullptr) {
+    Invalid("memory handle is NULL or not live");
+    return nullptr;
+  }
+  if (m->serialized.empty()) {
+    Invalid("the handle's engine is client-only (no LOCAL_PORT): peers cannot reach it");
+    return nullptr;
+  }
+  return m->serialized.c_str();
+}
+
+HixlStatus hixlMemHandleDeserialize(HixlEngine engine, const char* str, HixlMemHandle* handle) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (str == nullptr) return Invalid("handle string is NULL");
+  if (handle == nullptr) return Invalid("handle output pointer is NULL");
+  auto m = std::make_unique<HixlMemHandleObj>();
+  if (hixl::Status s = ParseHandle(str, *m); !s.ok()) return FromCxx(s);
+  m->owner = e;
+  m->serialized = str;
+  HixlMemHandleObj* raw = m.release();
+  {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->handles.insert(raw);
+  }
+  Track(raw, Kind::kMem, raw);
+  *handle = raw;
+  return HIXL_SUCCESS;
+}
+
+size_t hixlMemHandleGetSize(HixlMemHandle handle) {
+  auto* m = Lookup<HixlMemHandleObj>(handle, Kind::kMem);
+  if (m == nullptr) {
+    Invalid("memory handle is NULL or not live");
+    return 0;
+  }
+  return static_cast<size_t>(m->len);
+}
+
+// ---------------------------------------------------------------- transfers
+
+HixlStatus hixlWriteRemote(HixlEngine engine, const void* local, size_t size, HixlMemHandle remote,
+                           uint64_t remote_offset, HixlRequest* request) {
+  return Single(engine, HIXL_OP_WRITE, local, size, remote, remote_offset, false, request);
+}
+HixlStatus hixlReadRemote(HixlEngine engine, void* local, size_t size, HixlMemHandle remote,
+                          uint64_t remote_offset, HixlRequest* request) {
+  return Single(engine, HIXL_OP_READ, local, size, remote, remote_offset, false, request);
+}
+HixlStatus hixlWriteRemoteAsync(HixlEngine engine, const void* local, size_t size,
+                                HixlMemHandle remote, uint64_t remote_offset, HixlRequest* request) {
+  return Single(engine, HIXL_OP_WRITE, local, size, remote, remote_offset, true, request);
+}
+HixlStatus hixlReadRemoteAsync(HixlEngine engine, void* local, size_t size, HixlMemHandle remote,
+                               uint64_t remote_offset, HixlRequest* request) {
+  return Single(engine, HIXL_OP_READ, local, size, remote, remote_offset, true, request);
+}
+HixlStatus hixlTransferBatch(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
+                             size_t count, HixlRequest* request) {
+  return Transfer(engine, op, descs, count, false, request);
+}
+HixlStatus hixlTransferBatchAsync(HixlEngine engine, HixlTransferOp op,
+                                  const HixlTransferDesc* descs, size_t count,
+                                  HixlRequest* request) {
+  return Transfer(engine, op, descs, count, true, request);
+}
+
+HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  auto* r = Lookup<RequestImpl>(request, Kind::kRequest);
+  if (r == nullptr) return Invalid("request is NULL, destroyed or not a request handle");
+  std::lock_guard<std::mutex> l(r->mu);
+  if (r->engine != e) return Invalid("request belongs to another engine");
+  RefreshLocked(r);
+  if (r->final_status != HIXL_SUCCESS && r->final_status != HIXL_IN_PROGRESS) {
+    t_last_error = r->reason;
+  }
+  return r->final_status;
+}
+
+HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeout_ms) {
+  if (timeout_ms < HIXL_WAIT_FOREVER) return Invalid("timeout_ms must be >= 0 or HIXL_WAIT_FOREVER");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int64_t sleep_us = 10;
+  for (;;) {
+    HixlStatus s = hixlPollRequest(engine, request);
+    if (s != HIXL_IN_PROGRESS) return s;
+    if (timeout_ms != HIXL_WAIT_FOREVER && std::chrono::steady_clock::now() >= deadline) {
+      t_last_error = "IN_PROGRESS: the wait timed out; the request is still running";
+      return HIXL_IN_PROGRESS;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min<int64_t>(sleep_us * 2, 1000);
+  }
+}
+
+HixlStatus hixlDestroyRequest(HixlRequest request) {
+  auto* r = Lookup<RequestImpl>(request, Kind::kRequest);
+  if (r == nullptr) return Invalid("request is NULL, destroyed or not a request handle");
+  // Wait for an unfinished request so the caller may reuse its buffers.
+  int64_t sleep_us = 10;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(r->mu);
+      if (r->engine != nullptr && Lookup<HixlEngineObj>(r->engine, Kind::kEngine) == nullptr) {
+        // The engine is being destroyed right now; it fails the request.
+      } else {
+        RefreshLocked(r);
+        if (r->final_status != HIXL_IN_PROGRESS) break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min<int64_t>(sleep_us * 2, 1000);
+  }
+  if (!Untrack(request, Kind::kRequest)) return Invalid("request was destroyed concurrently");
+  HixlEngineObj* e = nullptr;
+  {
+    std::lock_guard<std::mutex> l(r->mu);
+    e = r->engine;
+  }
+  if (e != nullptr) {
+    std::lock_guard<std::mutex> l(e->mu);
+    e->requests.erase(r);
+  }
+  DeleteRequest(r);
+  return HIXL_SUCCESS;
+}
+
+}  // extern "C"
