@@ -103,6 +103,28 @@ bool PeerProcess::Start() {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The environment, plus (TSan builds) the peer's suppressions for its
+  // registered memory (see tests/tsan_peer.supp).
+  std::vector<std::string> env_strings;
+#ifdef HIXL_TEST_TSAN_SUPP
+  const bool tsan_supp = kSanitizerDivisor > 1;  // a TSan build
+#else
+  const bool tsan_supp = false;
+#endif
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (tsan_supp && std::strncmp(*e, "TSAN_OPTIONS=", 13) == 0) continue;
+    env_strings.emplace_back(*e);
+  }
+#ifdef HIXL_TEST_TSAN_SUPP
+  if (tsan_supp) {
+    const char* user = std::getenv("TSAN_OPTIONS");
+    env_strings.push_back(std::string("TSAN_OPTIONS=") + (user ? std::string(user) + " " : "") +
+                          "suppressions=" + HIXL_TEST_TSAN_SUPP);
+  }
+#endif
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
 
   pid_t pid = fork();
@@ -118,7 +140,7 @@ bool PeerProcess::Start() {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     if (dup2(in_pipe[0], 0) < 0 || dup2(out_pipe[1], 1) < 0) _exit(127);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(in_pipe[0]);

@@ -439,6 +439,7 @@ struct Options {
   bool verify = false;
   bool latency = false;
   bool sweep = false;  // with --latency: run the bandwidth sweep as well
+  bool control = false;  // --control: Connect and RegisterMem timings instead
   bool table = false;
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
@@ -463,6 +464,8 @@ void Usage() {
                "  --verify                    check the bytes after each rep\n"
                "  --latency                   4 KiB WRITE latency, 10000 iterations (replaces the sweep\n"
                "                              unless --sweep is also given)\n"
+               "  --control                   time Connect+Disconnect to the target and RegisterMem+\n"
+               "                              DeregisterMem of 1 GiB (200 each) instead of transfers\n"
                "  --table                     human table on stderr (JSON lines always on stdout)\n"
                "  --max-total SIZE            skip transfers larger than SIZE bytes (default 256M)\n"
                "  --region-size SIZE          target region size (default 256M)\n"
@@ -513,6 +516,7 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--verify") o.verify = true;
     else if (a == "--latency") o.latency = true;
     else if (a == "--sweep") o.sweep = true;
+    else if (a == "--control") o.control = true;
     else if (a == "--table") o.table = true;
     else if (a == "--max-total") o.max_total = ParseSize(value());
     else if (a == "--region-size") o.region_size = ParseSize(value());
@@ -938,7 +942,54 @@ Target StartTarget(Child& child, const Options& o, const std::string& mem) {
   return t;
 }
 
+// --control: the control-plane costs a user pays outside transfers.
+int RunControl(const Options& o) {
+  Child child;
+  const Target target = StartTarget(child, o, o.mems.front());
+  hixl::Hixl engine;
+  Check(engine.Initialize("127.0.0.1", {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+        "Initialize");
+  constexpr int kN = 200;
+  auto report = [](const char* what, std::vector<double>& us) {
+    std::sort(us.begin(), us.end());
+    std::printf("{\"mode\":\"control\",\"op\":\"%s\",\"iters\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+                what, us.size(), Percentile(us, 0.50), Percentile(us, 0.99));
+    std::fprintf(stderr, "%-28s p50 %9.1f us   p99 %9.1f us\n", what, Percentile(us, 0.50),
+                 Percentile(us, 0.99));
+  };
+  std::vector<double> connect_us;
+  for (int i = 0; i < kN; ++i) {
+    const auto a = Clock::now();
+    Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+    connect_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    Check(engine.Disconnect(target.engine), "Disconnect");
+  }
+  report(o.transport == "tcp" ? "connect (tcp)" : "connect (shm)", connect_us);
+  // 1 GiB of untouched anonymous memory, as a KV pool would be before use.
+  const size_t gib = size_t{1} << 30;
+  void* mem = mmap(nullptr, gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) Fail("mmap 1 GiB failed");
+  std::vector<double> reg_us, dereg_us;
+  for (int i = 0; i < kN; ++i) {
+    hixl::MemHandle h = 0;
+    auto a = Clock::now();
+    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(mem), gib}, hixl::MemType::MEM_HOST, h),
+          "RegisterMem");
+    reg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    a = Clock::now();
+    Check(engine.DeregisterMem(h), "DeregisterMem");
+    dereg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  report("register_mem 1GiB", reg_us);
+  report("deregister_mem 1GiB", dereg_us);
+  munmap(mem, gib);
+  engine.Finalize();
+  child.Stop();
+  return 0;
+}
+
 int RunInitiator(const Options& o) {
+  if (o.control) return RunControl(o);
   // The shapes to run, and the largest transfer among them.
   struct Shape {
     uint64_t block, batch;

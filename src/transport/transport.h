@@ -61,7 +61,11 @@ class Channel {
   // Starts t. When caller_waits the transport may run it on the calling
   // thread. The transport ends t exactly once (through Transfer::PartDone).
   virtual void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) = 0;
-  // Stops using the peer: transfers not yet finished end FAILED.
+  // Stops using the peer: transfers not yet finished end FAILED. Bytes the
+  // transport already put on their way are let land first (bounded), so no
+  // transfer of this channel writes anywhere once Close has returned, except
+  // for copy threads still finishing their current chunk (Transfer ends only
+  // after they have).
   virtual void Close() = 0;
 };
 

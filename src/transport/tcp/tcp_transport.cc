@@ -35,6 +35,7 @@ constexpr size_t kStaging = 64u << 10;        // header reads; payloads go direc
 constexpr size_t kMaxIov = 64;
 constexpr size_t kFairnessBytes = 8u << 20;   // per event, so lanes share a thread
 constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
+constexpr int kDrainMs = 5000;  // how long closing a link waits for pieces on the wire
 
 enum : uint8_t { kOpRead = 0, kOpWrite = 1 };
 enum : uint8_t { kOk = 0, kBadRange = 1, kDenied = 2, kBadRequest = 3 };
@@ -196,6 +197,11 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   }
   void Enqueue(std::vector<Piece>& pieces);
   void Fail(const Status& why);
+  // Sends nothing new (unsent pieces fail with why), waits until every piece
+  // already on the wire is answered or the deadline passes, then fails the
+  // rest and closes. The target answers a lane in order, so once the last
+  // piece sent is answered none of them can touch memory any more.
+  void Drain(const Status& why, net::Deadline deadline);
 
  private:
   void OnEvent(uint32_t ev);
@@ -210,6 +216,8 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   uint64_t loop_id_ = 0;
   bool registered_ = false;
   bool broken_ = false;
+  bool draining_ = false;
+  std::condition_variable drained_cv_;
   Status broken_reason_;
   uint32_t events_ = EPOLLIN | EPOLLRDHUP;
   uint64_t next_seq_ = 1;
@@ -231,7 +239,10 @@ class TcpChannel final : public Channel {
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
   void Close() override {
     if (closed_.exchange(true)) return;
-    for (auto& l : lanes_) l->Fail(Status::NotConnected("link to " + engine_ + " was closed"));
+    // Pieces already sent are answered before the lanes close (bounded), so
+    // nothing of this link lands in anyone's memory after Close returns.
+    const auto deadline = net::DeadlineAfterMs(kDrainMs);
+    for (auto& l : lanes_) l->Drain(Status::NotConnected("link to " + engine_ + " was closed"), deadline);
   }
 
  private:
@@ -631,8 +642,9 @@ void ClientLane::Enqueue(std::vector<Piece>& pieces) {
   Status why;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) {
-      for (auto& p : pieces) done.emplace_back(std::move(p.t), broken_reason_);
+    if (broken_ || draining_) {
+      Status why = broken_ ? broken_reason_ : Status::NotConnected("link to " + engine_ + " is closing");
+      for (auto& p : pieces) done.emplace_back(std::move(p.t), why);
     } else {
       for (auto& p : pieces) {
         p.hdr.seq = next_seq_++;
@@ -720,6 +732,7 @@ void ClientLane::Fail(const Status& why) {
     sendq_.clear();
     inflight_.clear();
   }
+  drained_cv_.notify_all();
   for (auto& [t, s] : done) t->PartDone(s);
   auto self = shared_from_this();
   loop_->Post([self] {
@@ -789,6 +802,29 @@ bool ClientLane::ReadResponses(Completions& done) {
   return true;
 }
 
+void ClientLane::Drain(const Status& why, net::Deadline deadline) {
+  Completions done;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    draining_ = true;
+    // Pieces not begun never go out; one partly sent must finish (the target
+    // would otherwise wait for the rest of its payload).
+    for (auto it = sendq_.begin(); it != sendq_.end();) {
+      if (it->off == 0) {
+        done.emplace_back(std::move(it->t), why);
+        it = sendq_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lock.unlock();
+    for (auto& [t, s] : done) t->PartDone(s);
+    lock.lock();
+    drained_cv_.wait_until(lock, deadline, [this] { return broken_ || (sendq_.empty() && inflight_.empty()); });
+  }
+  Fail(why);
+}
+
 void ClientLane::OnEvent(uint32_t ev) {
   Completions done;
   bool ok = true;
@@ -798,6 +834,10 @@ void ClientLane::OnEvent(uint32_t ev) {
     ok = !broken_;
   }
   if (ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) ok = ReadResponses(done);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ && sendq_.empty() && inflight_.empty()) drained_cv_.notify_all();
+  }
   for (auto& [t, s] : done) t->PartDone(s);
   if (!ok) {
     Status why;
