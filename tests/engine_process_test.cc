@@ -7,6 +7,8 @@
 // option, a target always offers every transport), so the same body runs on
 // each transport; ConnectEngine checks that the link really uses it.
 // Transport-specific tests (LinkTypeIsShm, Tcp*) follow the shared ones.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,8 +19,6 @@
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "hixl/hixl.h"
 #include "peer_process.h"
@@ -150,7 +150,8 @@ TEST_P(ClientOnlyTest, ClientOnlyEngineConnectsAndTransfers) {
   EXPECT_EQ(lt, hixl_test::LinkTypeOf(GetParam()));
   Buffer src(n);
   hixl_test::FillPattern(src.data(), n, 77);
-  HIXL_ASSERT_OK(e.TransferSync(peer.engine(), TransferOp::WRITE, {{src.addr(), remote, n}}, 10000));
+  HIXL_ASSERT_OK(
+      e.TransferSync(peer.engine(), TransferOp::WRITE, {{src.addr(), remote, n}}, 10000));
   EXPECT_EQ(peer.Hash("m", 0, n), src.HashHex());
   ASSERT_TRUE(peer.Ok("fillpat m 78"));
   Buffer dst(n);
@@ -177,8 +178,7 @@ TEST(EngineBasics, InitializeTwiceFailsAndKeepsTheFirst) {
 
 TEST(EngineBasics, UnknownOptionKeyIsParamInvalid) {
   Hixl e;
-  HIXL_EXPECT_CODE(StatusCode::kParamInvalid,
-                   e.Initialize("127.0.0.1:0", {{"NoSuchOption", "1"}}));
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid, e.Initialize("127.0.0.1:0", {{"NoSuchOption", "1"}}));
   EXPECT_EQ(e.LocalEngine(), "") << "a failed Initialize must leave the engine uninitialized";
   Hixl e2;
   HIXL_EXPECT_CODE(StatusCode::kParamInvalid,
@@ -187,11 +187,18 @@ TEST(EngineBasics, UnknownOptionKeyIsParamInvalid) {
 
 TEST(EngineBasics, BadOptionValuesAreParamInvalid) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"CopyThreads", "0"},          {"CopyThreads", "65"},      {"CopyThreads", "abc"},
-      {"CopyThreads", ""},           {"CopyThreads", "-1"},      {"CopyThreads", "2x"},
+      {"CopyThreads", "0"},
+      {"CopyThreads", "65"},
+      {"CopyThreads", "abc"},
+      {"CopyThreads", ""},
+      {"CopyThreads", "-1"},
+      {"CopyThreads", "2x"},
       {"CopyThreads", "99999999999999999999"},
-      {"LinkType", "FOO"},           {"LinkType", ""},           {"EnableUseFabricMem", "yes"},
-      {"EnableUseFabricMem", "2"},   {"DeregisterTimeoutMs", "abc"},
+      {"LinkType", "FOO"},
+      {"LinkType", ""},
+      {"EnableUseFabricMem", "yes"},
+      {"EnableUseFabricMem", "2"},
+      {"DeregisterTimeoutMs", "abc"},
       {"HandshakeTimeoutMs", "x"},
   };
   for (const auto& [k, v] : bad) {
@@ -222,8 +229,8 @@ TEST(EngineBasics, GoodOptionValuesAreAccepted) {
 }
 
 TEST(EngineBasics, InvalidLocalEngineIsRejected) {
-  for (const std::string addr : {"", "not-an-address:1", "127.0.0.1:70000", "127.0.0.1:x",
-                                  "999.1.1.1:0", "[::1:0"}) {
+  for (const std::string addr :
+       {"", "not-an-address:1", "127.0.0.1:70000", "127.0.0.1:x", "999.1.1.1:0", "[::1:0"}) {
     Hixl e;
     HIXL_EXPECT_NOT_OK(e.Initialize(addr));
   }
@@ -280,8 +287,8 @@ TEST_P(LargeTransferTest, WriteThenRead128MiB) {
   const LargeParam p = GetParam();
   ASSERT_NO_FATAL_FAILURE(StartPeer());
   const size_t n = 128 * kMiB;
-  uintptr_t remote = std::string(p.kind) == "alloc" ? peer_->Alloc("big", n)
-                                                    : peer_->Reg("big", n, "rw");
+  uintptr_t remote =
+      std::string(p.kind) == "alloc" ? peer_->Alloc("big", n) : peer_->Reg("big", n, "rw");
   ASSERT_NE(remote, 0u);
   ASSERT_NO_FATAL_FAILURE(ConnectEngine({{"CopyThreads", p.copy_threads}}));
 
@@ -304,16 +311,15 @@ TEST_P(LargeTransferTest, WriteThenRead128MiB) {
   EXPECT_TRUE(peer_->Ok("canary big"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    KindsAndThreads, LargeTransferTest,
-    Values(LargeParam{"alloc", "1", "SHM"}, LargeParam{"alloc", "2", "SHM"},
-           LargeParam{"reg", "1", "SHM"}, LargeParam{"reg", "2", "SHM"},
-           LargeParam{"alloc", "1", "TCP"}, LargeParam{"alloc", "2", "TCP"},
-           LargeParam{"reg", "1", "TCP"}, LargeParam{"reg", "2", "TCP"}),
-    [](const ::testing::TestParamInfo<LargeParam>& i) {
-      return std::string(i.param.kind) + "_CopyThreads" + i.param.copy_threads + "_" +
-             i.param.link;
-    });
+INSTANTIATE_TEST_SUITE_P(KindsAndThreads, LargeTransferTest,
+                         Values(LargeParam{"alloc", "1", "SHM"}, LargeParam{"alloc", "2", "SHM"},
+                                LargeParam{"reg", "1", "SHM"}, LargeParam{"reg", "2", "SHM"},
+                                LargeParam{"alloc", "1", "TCP"}, LargeParam{"alloc", "2", "TCP"},
+                                LargeParam{"reg", "1", "TCP"}, LargeParam{"reg", "2", "TCP"}),
+                         [](const ::testing::TestParamInfo<LargeParam>& i) {
+                           return std::string(i.param.kind) + "_CopyThreads" +
+                                  i.param.copy_threads + "_" + i.param.link;
+                         });
 
 // ---------------------------------------------------------------------------
 // Many small descriptors at scattered, non-contiguous, unordered offsets.
@@ -330,8 +336,7 @@ TEST_P(ScatterTest, Write1024ScatteredDescriptorsOf4KiB) {
   ASSERT_NO_FATAL_FAILURE(StartPeer());
   constexpr size_t kCount = 1024, kLen = 4096, kSlot = 16384;
   const size_t region = kCount * kSlot;
-  uintptr_t remote = kind() == "alloc" ? peer_->Alloc("s", region)
-                                       : peer_->Reg("s", region, "rw");
+  uintptr_t remote = kind() == "alloc" ? peer_->Alloc("s", region) : peer_->Reg("s", region, "rw");
   ASSERT_NE(remote, 0u);
   ASSERT_NO_FATAL_FAILURE(ConnectEngine());
   ASSERT_TRUE(peer_->Ok("fill s 0"));
@@ -357,8 +362,7 @@ TEST_P(ScatterTest, Read1024ScatteredDescriptorsOf4KiB) {
   ASSERT_NO_FATAL_FAILURE(StartPeer());
   constexpr size_t kCount = 1024, kLen = 4096, kSlot = 16384;
   const size_t region = kCount * kSlot;
-  uintptr_t remote = kind() == "alloc" ? peer_->Alloc("s", region)
-                                       : peer_->Reg("s", region, "rw");
+  uintptr_t remote = kind() == "alloc" ? peer_->Alloc("s", region) : peer_->Reg("s", region, "rw");
   ASSERT_NE(remote, 0u);
   ASSERT_NO_FATAL_FAILURE(ConnectEngine());
   ASSERT_TRUE(peer_->Ok("fillpat s 9"));
@@ -463,8 +467,10 @@ TEST_P(TransportTest, AsyncWriteAndReadCompleteAndReleaseTheRequest) {
   hixl_test::FillPattern(src.data(), n, 123);
 
   TransferReq req = 0;
-  HIXL_ASSERT_OK(engine_.TransferAsync(peer_->engine(), TransferOp::WRITE, {{src.addr(), remote, n}},
-                                       hixl::TransferArgs{42}, req));
+  hixl::TransferArgs args;
+  args.user_data = 42;
+  HIXL_ASSERT_OK(engine_.TransferAsync(peer_->engine(), TransferOp::WRITE,
+                                       {{src.addr(), remote, n}}, args, req));
   EXPECT_NE(req, 0u);
   Status call;
   TransferStatus st = hixl_test::WaitForEnd(engine_, req, 10000, &call);
@@ -544,8 +550,8 @@ TEST_P(TransportTest, ConcurrentSyncTransfersFromSeveralThreads) {
       for (size_t i = 0; i < kIters; ++i) {
         size_t off = (t * kIters + i) * kLen;
         uintptr_t remote = ((i % 2) ? a : b) + off;
-        Status s = engine_.TransferSync(eng, TransferOp::WRITE, {{src.addr(off), remote, kLen}},
-                                        10000);
+        Status s =
+            engine_.TransferSync(eng, TransferOp::WRITE, {{src.addr(off), remote, kLen}}, 10000);
         if (!s.ok()) errors[t].push_back(s.ToString());
         uintptr_t other = ((i % 2) ? b : a) + off;
         s = engine_.TransferSync(eng, TransferOp::WRITE, {{src.addr(off), other, kLen}}, 10000);
@@ -628,8 +634,8 @@ TEST_P(TransportTest, RegionRegisteredAfterConnectIsUsable) {
   hixl_test::FillPattern(src.data(), n, 888);
   for (const char* kind : {"alloc", "reg"}) {
     const std::string name = std::string("late_") + kind;
-    uintptr_t remote = std::string(kind) == "alloc" ? peer_->Alloc(name, n)
-                                                    : peer_->Reg(name, n, "rw");
+    uintptr_t remote =
+        std::string(kind) == "alloc" ? peer_->Alloc(name, n) : peer_->Reg(name, n, "rw");
     ASSERT_NE(remote, 0u);
     const auto deadline = Clock::now() + std::chrono::milliseconds(2000);
     Status s;
@@ -673,8 +679,8 @@ TEST_P(TransportTest, RegionDeregisteredByPeerBecomesUnusable) {
   Buffer& dst = KeptBuffer(n, 0x3C);
   HIXL_EXPECT_NOT_OK(Read(dst.addr(), remote, n, 2000));
   TransferReq req = 0;
-  Status as = engine_.TransferAsync(peer_->engine(), TransferOp::WRITE, {{src.addr(), remote, n}},
-                                    {}, req);
+  Status as =
+      engine_.TransferAsync(peer_->engine(), TransferOp::WRITE, {{src.addr(), remote, n}}, {}, req);
   if (as.ok()) {
     EXPECT_NE(hixl_test::WaitForEnd(engine_, req, 5000), TransferStatus::COMPLETED)
         << "an async WRITE into a deregistered region completed";
@@ -726,10 +732,10 @@ TEST_F(PeerTest, LinkTypeIsTcpWhenForced) {
 
 TEST(TcpOptions, BadValuesAreParamInvalid) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"TcpLanes", "0"},          {"TcpLanes", "65"},           {"TcpLanes", "x"},
-      {"TcpLanes", ""},           {"TcpLanes", "-1"},           {"TcpSliceSize", "4095"},
-      {"TcpSliceSize", "0"},      {"TcpSliceSize", "67108865"}, {"TcpSliceSize", "1M"},
-      {"TcpIoThreads", "0"},      {"TcpIoThreads", "17"},       {"TcpIoThreads", "two"},
+      {"TcpLanes", "0"},     {"TcpLanes", "65"},           {"TcpLanes", "x"},
+      {"TcpLanes", ""},      {"TcpLanes", "-1"},           {"TcpSliceSize", "4095"},
+      {"TcpSliceSize", "0"}, {"TcpSliceSize", "67108865"}, {"TcpSliceSize", "1M"},
+      {"TcpIoThreads", "0"}, {"TcpIoThreads", "17"},       {"TcpIoThreads", "two"},
       {"LinkType", "tcpx"},
   };
   for (const auto& [k, v] : bad) {
@@ -774,8 +780,8 @@ TEST_P(TcpLanesTest, StripedTransfersAndConcurrentRequests) {
   ASSERT_NE(m, 0u);
   ASSERT_NE(a, 0u);
   // 256 KiB slices: 64 per 16 MiB transfer, spread over the lanes.
-  ASSERT_NO_FATAL_FAILURE(ConnectEngine({{"TcpLanes", std::to_string(GetParam())},
-                                         {"TcpSliceSize", std::to_string(256 * 1024)}}));
+  ASSERT_NO_FATAL_FAILURE(ConnectEngine(
+      {{"TcpLanes", std::to_string(GetParam())}, {"TcpSliceSize", std::to_string(256 * 1024)}}));
   Buffer& src = KeptBuffer(n);
   hixl_test::FillPattern(src.data(), n, 700 + GetParam());
   HIXL_ASSERT_OK(Write(src.addr(), m, n, 30000));
@@ -868,9 +874,10 @@ TEST_F(PeerTest, TcpSingleLaneRead128MiB) {
   Buffer& dst = KeptBuffer(n);
   const auto t0 = Clock::now();
   HIXL_EXPECT_OK(Read(dst.addr(), remote, n, 20000));
-  std::printf("[ info ] 128 MiB READ over one lane: %lld ms\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         Clock::now() - t0).count()));
+  std::printf(
+      "[ info ] 128 MiB READ over one lane: %lld ms\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()));
   EXPECT_EQ(dst.HashHex(), peer_->Hash("big", 0, n));
   // And the lane still works afterwards.
   Buffer small(4096);

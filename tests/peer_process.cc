@@ -3,20 +3,19 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #ifndef HIXL_TEST_PEER_PATH
 #error "HIXL_TEST_PEER_PATH must name the hixl_test_peer executable"
@@ -51,9 +50,7 @@ bool WriteAll(int fd, const std::string& data) {
 
 }  // namespace
 
-bool IsOk(const std::string& reply) {
-  return reply == "OK" || reply.rfind("OK ", 0) == 0;
-}
+bool IsOk(const std::string& reply) { return reply == "OK" || reply.rfind("OK ", 0) == 0; }
 
 std::string OkValue(const std::string& reply) {
   if (reply.rfind("OK ", 0) == 0) return reply.substr(3);
@@ -209,8 +206,8 @@ std::string PeerProcess::Send(const std::string& cmd, int timeout_ms) {
     return "ERR write failed";
   }
   if (timeout_ms < 0) {
-    static const char* const kHeavy[] = {"alloc", "reg", "regsplit", "buf", "fill", "fillpat",
-                                         "hash", "free", "dereg", "write", "read"};
+    static const char* const kHeavy[] = {"alloc", "reg",  "regsplit", "buf",   "fill", "fillpat",
+                                         "hash",  "free", "dereg",    "write", "read"};
     const std::string verb = cmd.substr(0, cmd.find(' '));
     timeout_ms = 10000;
     for (const char* h : kHeavy) {
@@ -254,8 +251,7 @@ uintptr_t PeerProcess::Reg(const std::string& name, size_t size, const std::stri
 }
 
 std::string PeerProcess::Hash(const std::string& name, size_t offset, size_t len) {
-  std::string r =
-      Send("hash " + name + " " + std::to_string(offset) + " " + std::to_string(len));
+  std::string r = Send("hash " + name + " " + std::to_string(offset) + " " + std::to_string(len));
   if (!IsOk(r)) {
     ADD_FAILURE() << "peer hash " << name << " failed: " << r;
     return "";
@@ -379,6 +375,7 @@ const char* TransferStatusName(hixl::TransferStatus s) {
     case hixl::TransferStatus::COMPLETED: return "COMPLETED";
     case hixl::TransferStatus::TIMEOUT: return "TIMEOUT";
     case hixl::TransferStatus::FAILED: return "FAILED";
+    case hixl::TransferStatus::CANCELLED: return "CANCELLED";
   }
   return "UNKNOWN";
 }

@@ -27,6 +27,22 @@
 //   linktype ENGINE            -> OK <LinkTypeName>
 //   write NAME OFFSET ENGINE REMOTE_ADDR LEN [TIMEOUT_MS]   TransferSync WRITE
 //   read  NAME OFFSET ENGINE REMOTE_ADDR LEN [TIMEOUT_MS]   TransferSync READ
+//   writenotify NAME OFFSET ENGINE REMOTE_ADDR LEN NNAME NMSG [TIMEOUT_MS]
+//                              TransferSync WRITE with TransferArgs::notify
+//                              {NNAME, NMSG}
+//   sendnotify ENGINE NAME MSG [TIMEOUT_MS]   SendNotify (default 1000 ms)
+//   getnotifies [from]         drain GetNotifies -> OK <n> <name>=<msg> ...
+//                              (oldest first; with "from": <name>=<msg>@<from>)
+//   watchnotify NAME COUNT TIMEOUT_MS
+//                              poll GetNotifies (every ~100 us) until COUNT
+//                              notifications arrived. Each msg must be
+//                              "OFFSET:LEN:HASH" (HASH: 16 hex digits); when it
+//                              is observed, Fnv1a64 of region NAME's bytes
+//                              [OFFSET, OFFSET+LEN) must equal HASH -> OK <count>
+//                              | ERR mismatch <name> ... | ERR duplicate <name>
+//                              | ERR badmsg <name> <msg> | ERR timeout got <k>
+//   gen                        -> OK <Generation()>
+//   peergen ENGINE             -> OK <GetPeerGeneration(ENGINE)>
 //   engine                     -> OK <LocalEngine()>
 //   ping                       -> OK pong
 //   quit                       Finalize, reply OK, exit 0
@@ -37,14 +53,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "hixl/hixl.h"
 #include "peer_process.h"
@@ -95,11 +115,16 @@ struct Region {
 };
 
 bool ParsePerms(const std::string& s, uint32_t& perms) {
-  if (s == "r") perms = hixl::MEM_PERM_READ;
-  else if (s == "w") perms = hixl::MEM_PERM_WRITE;
-  else if (s == "rw") perms = hixl::MEM_PERM_READ_WRITE;
-  else if (s == "none") perms = hixl::MEM_PERM_NONE;
-  else return false;
+  if (s == "r")
+    perms = hixl::MEM_PERM_READ;
+  else if (s == "w")
+    perms = hixl::MEM_PERM_WRITE;
+  else if (s == "rw")
+    perms = hixl::MEM_PERM_READ_WRITE;
+  else if (s == "none")
+    perms = hixl::MEM_PERM_NONE;
+  else
+    return false;
   return true;
 }
 
@@ -123,6 +148,46 @@ class Peer {
   Region* Find(const std::string& name) {
     auto it = regions.find(name);
     return it == regions.end() ? nullptr : &it->second;
+  }
+
+  // watchnotify: see the command list above.
+  std::string WatchNotify(const Region& r, size_t count, int64_t timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::set<std::string> seen;
+    size_t got = 0;
+    std::vector<hixl::NotifyDesc> batch;
+    for (;;) {
+      batch.clear();
+      hixl::Status s = engine.GetNotifies(batch);
+      if (!s.ok()) return Err(s);
+      for (const auto& n : batch) {
+        ++got;
+        if (!seen.insert(n.name).second) return "ERR duplicate " + n.name;
+        // "OFFSET:LEN:HASH"
+        const std::string& m = n.notify_msg;
+        size_t c1 = m.find(':');
+        size_t c2 = c1 == std::string::npos ? c1 : m.find(':', c1 + 1);
+        if (c2 == std::string::npos) return "ERR badmsg " + n.name + " " + m;
+        char* end = nullptr;
+        const std::string off_s = m.substr(0, c1), len_s = m.substr(c1 + 1, c2 - c1 - 1);
+        unsigned long long off = std::strtoull(off_s.c_str(), &end, 10);
+        if (off_s.empty() || *end != '\0') return "ERR badmsg " + n.name + " " + m;
+        unsigned long long len = std::strtoull(len_s.c_str(), &end, 10);
+        if (len_s.empty() || *end != '\0') return "ERR badmsg " + n.name + " " + m;
+        const std::string want = m.substr(c2 + 1);
+        if (off > r.size || len > r.size - off)
+          return "ERR badmsg " + n.name + " " + m + " (outside the region)";
+        const std::string have = hixl_test::HashHex(hixl_test::Fnv1a64(r.addr + off, len));
+        if (have != want) {
+          return "ERR mismatch " + n.name + " offset " + off_s + " len " + len_s + " expected " +
+                 want + " got " + have + " (notification #" + std::to_string(got) + ")";
+        }
+      }
+      if (got >= count) return "OK " + std::to_string(got);
+      if (std::chrono::steady_clock::now() >= deadline)
+        return "ERR timeout got " + std::to_string(got);
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
   // Returns false when the peer should exit.
@@ -293,8 +358,8 @@ class Peer {
       in >> eng;
       int32_t t = 0;
       if (in >> t) timeout = t;
-      hixl::Status s = cmd == "connect" ? engine.Connect(eng, timeout)
-                                        : engine.Disconnect(eng, timeout);
+      hixl::Status s =
+          cmd == "connect" ? engine.Connect(eng, timeout) : engine.Disconnect(eng, timeout);
       if (!s.ok()) return Reply(Err(s)), true;
       return Reply("OK"), true;
     }
@@ -323,6 +388,66 @@ class Peer {
           eng, cmd == "write" ? hixl::TransferOp::WRITE : hixl::TransferOp::READ, {d}, timeout);
       if (!s.ok()) return Reply(Err(s)), true;
       return Reply("OK"), true;
+    }
+    if (cmd == "writenotify") {
+      std::string name, eng, nname, nmsg;
+      size_t off = 0, len = 0;
+      uintptr_t remote = 0;
+      int32_t timeout = 10000;
+      if (!(in >> name >> off >> eng >> remote >> len >> nname >> nmsg))
+        return Reply("ERR usage"), true;
+      int32_t t = 0;
+      if (in >> t) timeout = t;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      if (off > r->size || len > r->size - off) return Reply("ERR range outside region"), true;
+      hixl::TransferOpDesc d{reinterpret_cast<uintptr_t>(r->addr + off), remote, len};
+      hixl::TransferArgs args;
+      args.notify = hixl::NotifyDesc{nname, nmsg, ""};
+      hixl::Status s = engine.TransferSync(eng, hixl::TransferOp::WRITE, {d}, args, timeout);
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK"), true;
+    }
+    if (cmd == "sendnotify") {
+      std::string eng, name, msg;
+      int32_t timeout = 1000;
+      if (!(in >> eng >> name >> msg)) return Reply("ERR usage"), true;
+      int32_t t = 0;
+      if (in >> t) timeout = t;
+      hixl::Status s = engine.SendNotify(eng, hixl::NotifyDesc{name, msg, ""}, timeout);
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK"), true;
+    }
+    if (cmd == "getnotifies") {
+      std::string opt;
+      in >> opt;
+      std::vector<hixl::NotifyDesc> got;
+      hixl::Status s = engine.GetNotifies(got);
+      if (!s.ok()) return Reply(Err(s)), true;
+      std::string out = "OK " + std::to_string(got.size());
+      for (const auto& n : got) {
+        out += " " + n.name + "=" + n.notify_msg;
+        if (opt == "from") out += "@" + n.from;
+      }
+      return Reply(out), true;
+    }
+    if (cmd == "watchnotify") {
+      std::string name;
+      size_t count = 0;
+      int64_t timeout = 0;
+      if (!(in >> name >> count >> timeout)) return Reply("ERR usage"), true;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      return Reply(WatchNotify(*r, count, timeout)), true;
+    }
+    if (cmd == "gen") return Reply("OK " + std::to_string(engine.Generation())), true;
+    if (cmd == "peergen") {
+      std::string eng;
+      in >> eng;
+      uint64_t g = 0;
+      hixl::Status s = engine.GetPeerGeneration(eng, g);
+      if (!s.ok()) return Reply(Err(s)), true;
+      return Reply("OK " + std::to_string(g)), true;
     }
     Reply("ERR unknown command: " + cmd);
     return true;

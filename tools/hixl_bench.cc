@@ -8,14 +8,16 @@
 // on stdout and then serves a tiny line protocol on stdin:
 //   fill <seed> <len>   fill region[0,len) with the verify pattern -> "OK"
 //   check <seed> <len>  compare region[0,len) with the pattern     -> "OK" | "BAD <offset>"
+//   watch <n>           take n notifications (each message: the sender's
+//                       steady-clock ns when it posted), reply
+//                       "OK <p50_us> <p99_us>" of post-to-observed latency
 //   quit (or EOF)       Finalize and exit 0
 //
 // Output: one JSON object per measurement on stdout; --table adds a human
 // table on stderr. Exit status is non-zero on any hixl error or verify mismatch.
-#include <hixl/hixl.h>
-
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <hixl/hixl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -31,9 +33,9 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cinttypes>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,11 +88,16 @@ uint64_t ParseSize(const std::string& text) {
   std::string unit = text.substr(pos);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   uint64_t mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = KiB;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = MiB;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = GiB;
-  else Fail("bad size unit in '" + text + "'");
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    mult = KiB;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    mult = MiB;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    mult = GiB;
+  else
+    Fail("bad size unit in '" + text + "'");
   if (v == 0) Fail("size must be > 0: '" + text + "'");
   return v * mult;
 }
@@ -120,7 +127,8 @@ uint64_t ParseCount(const std::string& s, uint64_t lo, uint64_t hi) {
     Fail("bad number '" + s + "'");
   }
   if (pos != s.size() || v < lo || v > hi)
-    Fail("number '" + s + "' out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    Fail("number '" + s + "' out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+         "]");
   return v;
 }
 
@@ -195,7 +203,10 @@ class Buffer {
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : ptr_(o.ptr_), len_(o.len_) { o.ptr_ = nullptr; o.len_ = 0; }
+  Buffer(Buffer&& o) noexcept : ptr_(o.ptr_), len_(o.len_) {
+    o.ptr_ = nullptr;
+    o.len_ = 0;
+  }
   Buffer& operator=(Buffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(len_, o.len_);
@@ -343,7 +354,8 @@ class Child {
         buf_.erase(0, nl + 1);
         return line;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0)
         Fail("no reply from the target process within " + std::to_string(timeout_ms / 1000) + " s");
       pollfd pfd{from_child_, POLLIN, 0};
@@ -369,6 +381,8 @@ class Child {
       done += static_cast<size_t>(n);
     }
   }
+
+  pid_t pid() const { return pid_; }
 
   std::string Request(const std::string& line) {
     WriteLine(line);
@@ -426,11 +440,11 @@ class Child {
 
 struct Options {
   bool serve = false;
-  std::string transport = "shm";      // shm | tcp
-  uint64_t slice = 0;                 // tcp: TcpSliceSize (0: engine default)
+  std::string transport = "shm";  // shm | tcp
+  uint64_t slice = 0;             // tcp: TcpSliceSize (0: engine default)
   bool do_write = true, do_read = true;
-  std::vector<uint64_t> blocks = {4 * KiB,   16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB,
-                                  4 * MiB,   16 * MiB, 64 * MiB, 128 * MiB};
+  std::vector<uint64_t> blocks = {4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB,
+                                  4 * MiB, 16 * MiB, 64 * MiB, 128 * MiB};
   std::vector<uint64_t> batches = {1};
   std::vector<uint64_t> threads = {1, 2};
   std::vector<std::string> mems = {"alloc"};
@@ -438,8 +452,10 @@ struct Options {
   uint64_t reps = 5;
   bool verify = false;
   bool latency = false;
-  bool sweep = false;  // with --latency: run the bandwidth sweep as well
-  bool control = false;  // --control: Connect and RegisterMem timings instead
+  bool sweep = false;     // with --latency: run the bandwidth sweep as well
+  bool control = false;   // --control: Connect and RegisterMem timings instead
+  bool notify = false;    // --notify: notification latency after a 4 KiB write
+  bool failover = false;  // --failover: time from a peer's death or hang to FAILED
   bool table = false;
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
@@ -447,30 +463,35 @@ struct Options {
 };
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: hixl-bench [options]\n"
-               "  --op write|read|both        (default both)\n"
-               "  --blocks 4K,64K,1M,...      block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M,128M)\n"
-               "  --batch 1,128,1024          descriptors per transfer (default 1)\n"
-               "  --threads 1,2               CopyThreads (shm) or TcpLanes (tcp) values, one engine each\n"
-               "                              (default 1,2)\n"
-               "  --transport shm|tcp         link to force (default shm); tcp compares with a plain\n"
-               "                              blocking socket pair (1 MiB send calls) and reports the\n"
-               "                              staged path (copy, send, receive, copy) as before_gbps\n"
-               "  --slice SIZE                tcp: TcpSliceSize (default: the engine's)\n"
-               "  --mem alloc|malloc|both     target region from AllocMem or malloc+RegisterMem (default alloc)\n"
-               "  --iters N                   timed transfers per rep (default: >= 256 MiB moved, min 5)\n"
-               "  --reps R                    repetitions, median reported (default 5)\n"
-               "  --verify                    check the bytes after each rep\n"
-               "  --latency                   4 KiB WRITE latency, 10000 iterations (replaces the sweep\n"
-               "                              unless --sweep is also given)\n"
-               "  --control                   time Connect+Disconnect to the target and RegisterMem+\n"
-               "                              DeregisterMem of 1 GiB (200 each) instead of transfers\n"
-               "  --table                     human table on stderr (JSON lines always on stdout)\n"
-               "  --max-total SIZE            skip transfers larger than SIZE bytes (default 256M)\n"
-               "  --region-size SIZE          target region size (default 256M)\n"
-               "  --baseline-min-part SIZE    the memcpy baseline gives no thread less than SIZE,\n"
-               "                              as the engine does (default 1M; 0: always T parts)\n");
+  std::fprintf(
+      stderr,
+      "usage: hixl-bench [options]\n"
+      "  --op write|read|both        (default both)\n"
+      "  --blocks 4K,64K,1M,...      block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M,128M)\n"
+      "  --batch 1,128,1024          descriptors per transfer (default 1)\n"
+      "  --threads 1,2               CopyThreads (shm) or TcpLanes (tcp) values, one engine each\n"
+      "                              (default 1,2)\n"
+      "  --transport shm|tcp         link to force (default shm); tcp compares with a plain\n"
+      "                              blocking socket pair (1 MiB send calls) and reports the\n"
+      "                              staged path (copy, send, receive, copy) as before_gbps\n"
+      "  --slice SIZE                tcp: TcpSliceSize (default: the engine's)\n"
+      "  --mem alloc|malloc|both     target region from AllocMem or malloc+RegisterMem (default "
+      "alloc)\n"
+      "  --iters N                   timed transfers per rep (default: >= 256 MiB moved, min 5)\n"
+      "  --reps R                    repetitions, median reported (default 5)\n"
+      "  --verify                    check the bytes after each rep\n"
+      "  --latency                   4 KiB WRITE latency, 10000 iterations (replaces the sweep\n"
+      "                              unless --sweep is also given)\n"
+      "  --control                   time Connect+Disconnect to the target and RegisterMem+\n"
+      "                              DeregisterMem of 1 GiB (200 each) instead of transfers\n"
+      "  --notify                    latency of a notification attached to a 4 KiB WRITE,\n"
+      "                              post to seen by the target, beside the plain WRITE\n"
+      "  --failover                  time from kill -9 / SIGSTOP of the target to FAILED\n"
+      "  --table                     human table on stderr (JSON lines always on stdout)\n"
+      "  --max-total SIZE            skip transfers larger than SIZE bytes (default 256M)\n"
+      "  --region-size SIZE          target region size (default 256M)\n"
+      "  --baseline-min-part SIZE    the memcpy baseline gives no thread less than SIZE,\n"
+      "                              as the engine does (default 1M; 0: always T parts)\n");
 }
 
 Options ParseArgs(int argc, char** argv) {
@@ -488,18 +509,25 @@ Options ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) Fail("option " + a + " needs a value");
       return argv[++i];
     };
-    if (a == "--serve") o.serve = true;
+    if (a == "--serve")
+      o.serve = true;
     else if (a == "--transport") {
       o.transport = value();
       if (o.transport != "shm" && o.transport != "tcp") Fail("--transport must be shm or tcp");
-    } else if (a == "--slice") o.slice = ParseSize(value());
+    } else if (a == "--slice")
+      o.slice = ParseSize(value());
     else if (a == "--op") {
       const std::string v = value();
-      if (v == "write") o.do_write = true, o.do_read = false;
-      else if (v == "read") o.do_write = false, o.do_read = true;
-      else if (v == "both") o.do_write = o.do_read = true;
-      else Fail("--op must be write, read or both");
-    } else if (a == "--blocks") o.blocks = ParseSizeList(value());
+      if (v == "write")
+        o.do_write = true, o.do_read = false;
+      else if (v == "read")
+        o.do_write = false, o.do_read = true;
+      else if (v == "both")
+        o.do_write = o.do_read = true;
+      else
+        Fail("--op must be write, read or both");
+    } else if (a == "--blocks")
+      o.blocks = ParseSizeList(value());
     else if (a == "--batch") {
       o.batches.clear();
       for (const auto& s : SplitComma(value())) o.batches.push_back(ParseCount(s, 1, 1u << 20));
@@ -508,23 +536,38 @@ Options ParseArgs(int argc, char** argv) {
       for (const auto& s : SplitComma(value())) o.threads.push_back(ParseCount(s, 1, 64));
     } else if (a == "--mem") {
       const std::string v = value();
-      if (v == "alloc" || v == "malloc") o.mems = {v};
-      else if (v == "both") o.mems = {"alloc", "malloc"};
-      else Fail("--mem must be alloc, malloc or both");
-    } else if (a == "--iters") o.iters = ParseCount(value(), 1, 100000000);
-    else if (a == "--reps") o.reps = ParseCount(value(), 1, 1000);
-    else if (a == "--verify") o.verify = true;
-    else if (a == "--latency") o.latency = true;
-    else if (a == "--sweep") o.sweep = true;
-    else if (a == "--control") o.control = true;
-    else if (a == "--table") o.table = true;
-    else if (a == "--max-total") o.max_total = ParseSize(value());
-    else if (a == "--region-size") o.region_size = ParseSize(value());
+      if (v == "alloc" || v == "malloc")
+        o.mems = {v};
+      else if (v == "both")
+        o.mems = {"alloc", "malloc"};
+      else
+        Fail("--mem must be alloc, malloc or both");
+    } else if (a == "--iters")
+      o.iters = ParseCount(value(), 1, 100000000);
+    else if (a == "--reps")
+      o.reps = ParseCount(value(), 1, 1000);
+    else if (a == "--verify")
+      o.verify = true;
+    else if (a == "--latency")
+      o.latency = true;
+    else if (a == "--sweep")
+      o.sweep = true;
+    else if (a == "--control")
+      o.control = true;
+    else if (a == "--notify")
+      o.notify = true;
+    else if (a == "--failover")
+      o.failover = true;
+    else if (a == "--table")
+      o.table = true;
+    else if (a == "--max-total")
+      o.max_total = ParseSize(value());
+    else if (a == "--region-size")
+      o.region_size = ParseSize(value());
     else if (a == "--baseline-min-part") {
       const std::string v = value();
       o.baseline_min_part = v == "0" ? 0 : ParseSize(v);
-    }
-    else if (a == "-h" || a == "--help") {
+    } else if (a == "-h" || a == "--help") {
       Usage();
       std::exit(0);
     } else {
@@ -571,14 +614,39 @@ int Serve(const Options& o) {
     uint64_t seed = 0, n = 0;
     in >> cmd;
     if (cmd == "quit") break;
+    if (cmd == "watch" && (in >> n) && n > 0) {
+      std::vector<double> us;
+      const auto deadline = Clock::now() + std::chrono::seconds(120);
+      std::vector<hixl::NotifyDesc> got;
+      while (us.size() < n && Clock::now() < deadline) {
+        got.clear();
+        Check(engine.GetNotifies(got), "target GetNotifies");
+        const auto now =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                .count();
+        for (const auto& d : got)
+          us.push_back(static_cast<double>(now - std::stoll(d.notify_msg)) / 1e3);
+      }
+      if (us.size() < n) {
+        std::printf("ERR got %zu of %" PRIu64 " notifications\n", us.size(), n);
+      } else {
+        std::sort(us.begin(), us.end());
+        std::printf("OK %.2f %.2f\n", us[us.size() / 2],
+                    us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+      }
+      std::fflush(stdout);
+      continue;
+    }
     if ((cmd == "fill" || cmd == "check") && (in >> seed >> n) && n <= len) {
       if (cmd == "fill") {
         FillPattern(region, n, seed);
         std::printf("OK\n");
       } else {
         const size_t bad = FindPatternMismatch(region, n, seed);
-        if (bad == SIZE_MAX) std::printf("OK\n");
-        else std::printf("BAD %zu\n", bad);
+        if (bad == SIZE_MAX)
+          std::printf("OK\n");
+        else
+          std::printf("BAD %zu\n", bad);
       }
     } else {
       std::printf("ERR bad command '%s'\n", line.c_str());
@@ -620,7 +688,7 @@ struct Measurement {
   uint64_t base_threads = 1;
   std::string baseline = "memcpy";
   double before_gbps = 0;  // tcp: the staged socket path, same run
-  int verified = -1;  // -1: not checked
+  int verified = -1;       // -1: not checked
 };
 
 void PrintJson(const Measurement& m) {
@@ -630,9 +698,9 @@ void PrintJson(const Measurement& m) {
       ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"baseline\":\"%s\""
       ",\"baseline_gbps\":%.4f,\"baseline_p50_us\":%.3f,\"baseline_threads\":%" PRIu64
       ",\"ratio\":%.4f",
-      m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch,
-      m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.baseline.c_str(), m.base_gbps,
-      m.base_p50_us, m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0);
+      m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch, m.threads,
+      m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.baseline.c_str(), m.base_gbps, m.base_p50_us,
+      m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0);
   if (m.before_gbps > 0) {
     std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
                 m.before_gbps, m.gbps / m.before_gbps);
@@ -648,11 +716,12 @@ void PrintTableHeader() {
 }
 
 void PrintTableRow(const Measurement& m) {
-  std::fprintf(stderr, "%-6s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
+  std::fprintf(stderr,
+               "%-6s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
                " %9.3f %9.2f %9.2f %9.2f %9.3f %4" PRIu64 " %7.3f %s\n",
                m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
-               m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps, m.base_threads,
-               m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
+               m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps,
+               m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
                m.verified < 0 ? "-" : (m.verified ? "yes" : "NO"));
 }
 
@@ -668,11 +737,12 @@ struct SocketBaseline {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(a);
-    if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(l, 1) != 0 ||
-        getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::listen(l, 1) != 0 || getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
       Fail("socket baseline: cannot listen on loopback");
     tx = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (::connect(tx, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) Fail("socket baseline: connect");
+    if (::connect(tx, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      Fail("socket baseline: connect");
     rx = ::accept(l, nullptr, nullptr);
     ::close(l);
     if (rx < 0) Fail("socket baseline: accept");
@@ -753,7 +823,8 @@ struct SocketBaseline {
       if (staged) {  // receive into staging, then copy every block into place
         RecvAll(stage_rx.data(), total);
         uint64_t off = 0;
-        for (const auto& c : *copies) std::memcpy(c.dst, stage_rx.data() + off, c.len), off += c.len;
+        for (const auto& c : *copies)
+          std::memcpy(c.dst, stage_rx.data() + off, c.len), off += c.len;
       } else {
         for (const auto& c : *copies) RecvAll(c.dst, c.len);
       }
@@ -781,8 +852,8 @@ struct Context {
   hixl::Hixl* engine;
   Child* child;
   Target target;
-  Buffer* local;     // the transfer's local buffer
-  Buffer* scratch;   // second private buffer: memcpy partner, verify read-back
+  Buffer* local;    // the transfer's local buffer
+  Buffer* scratch;  // second private buffer: memcpy partner, verify read-back
   CopyPool* pool;
   std::string transport, mem;
   uint64_t threads;
@@ -792,8 +863,8 @@ struct Context {
 void Transfer(Context& c, hixl::TransferOp op, const std::vector<hixl::TransferOpDesc>& descs) {
   const hixl::Status st = c.engine->TransferSync(c.target.engine, op, descs, kTransferTimeoutMs);
   if (!st.ok())
-    Fail(std::string("TransferSync ") + (op == hixl::TransferOp::WRITE ? "WRITE" : "READ") + " of " +
-         std::to_string(descs.size()) + " descriptor(s) failed: " + st.ToString());
+    Fail(std::string("TransferSync ") + (op == hixl::TransferOp::WRITE ? "WRITE" : "READ") +
+         " of " + std::to_string(descs.size()) + " descriptor(s) failed: " + st.ToString());
 }
 
 std::vector<hixl::TransferOpDesc> MakeDescs(uintptr_t local, uintptr_t remote, uint64_t block,
@@ -806,31 +877,38 @@ std::vector<hixl::TransferOpDesc> MakeDescs(uintptr_t local, uintptr_t remote, u
 // Checks the bytes one transfer of this shape moves; throws on a mismatch.
 void VerifyOnce(Context& c, hixl::TransferOp op, uint64_t block, uint64_t batch, uint64_t seed) {
   const uint64_t total = block * batch;
-  const auto remote = MakeDescs(reinterpret_cast<uintptr_t>(c.local->data()), c.target.addr, block, batch);
-  const auto back = MakeDescs(reinterpret_cast<uintptr_t>(c.scratch->data()), c.target.addr, block, batch);
+  const auto remote =
+      MakeDescs(reinterpret_cast<uintptr_t>(c.local->data()), c.target.addr, block, batch);
+  const auto back =
+      MakeDescs(reinterpret_cast<uintptr_t>(c.scratch->data()), c.target.addr, block, batch);
   const std::string where = "block " + std::to_string(block) + " batch " + std::to_string(batch) +
                             " threads " + std::to_string(c.threads) + " mem " + c.mem;
   if (op == hixl::TransferOp::WRITE) {
     // WRITE the pattern, let the target check its own memory, READ it back.
     FillPattern(c.local->data(), total, seed);
     Transfer(c, hixl::TransferOp::WRITE, remote);
-    const std::string reply = c.child->Request("check " + std::to_string(seed) + " " + std::to_string(total));
+    const std::string reply =
+        c.child->Request("check " + std::to_string(seed) + " " + std::to_string(total));
     if (reply != "OK")
-      Fail("VERIFY FAILED (write, " + where + "): target region does not hold the written bytes: " + reply);
+      Fail("VERIFY FAILED (write, " + where +
+           "): target region does not hold the written bytes: " + reply);
     std::memset(c.scratch->data(), 0, total);
     Transfer(c, hixl::TransferOp::READ, back);
     const size_t bad = FindPatternMismatch(c.scratch->data(), total, seed);
     if (bad != SIZE_MAX)
-      Fail("VERIFY FAILED (write, " + where + "): read-back differs at byte offset " + std::to_string(bad));
+      Fail("VERIFY FAILED (write, " + where + "): read-back differs at byte offset " +
+           std::to_string(bad));
   } else {
     // The target fills its region; READ it into a zeroed buffer and compare.
-    const std::string reply = c.child->Request("fill " + std::to_string(seed) + " " + std::to_string(total));
+    const std::string reply =
+        c.child->Request("fill " + std::to_string(seed) + " " + std::to_string(total));
     if (reply != "OK") Fail("target could not fill its region: " + reply);
     std::memset(c.local->data(), 0, total);
     Transfer(c, hixl::TransferOp::READ, remote);
     const size_t bad = FindPatternMismatch(c.local->data(), total, seed);
     if (bad != SIZE_MAX)
-      Fail("VERIFY FAILED (read, " + where + "): local bytes differ at byte offset " + std::to_string(bad));
+      Fail("VERIFY FAILED (read, " + where + "): local bytes differ at byte offset " +
+           std::to_string(bad));
   }
 }
 
@@ -839,7 +917,8 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
                     const std::string& mode) {
   const Options& o = *c.opt;
   const uint64_t total = block * batch;
-  const auto descs = MakeDescs(reinterpret_cast<uintptr_t>(c.local->data()), c.target.addr, block, batch);
+  const auto descs =
+      MakeDescs(reinterpret_cast<uintptr_t>(c.local->data()), c.target.addr, block, batch);
   std::vector<CopyOp> copies(batch);
   for (uint64_t i = 0; i < batch; ++i) {
     uint8_t* l = c.local->data() + i * block;
@@ -931,7 +1010,8 @@ std::string Lower(std::string s) {
 }
 
 Target StartTarget(Child& child, const Options& o, const std::string& mem) {
-  child.Spawn({"hixl-bench", "--serve", "--mem", mem, "--region-size", std::to_string(o.region_size)});
+  child.Spawn(
+      {"hixl-bench", "--serve", "--mem", mem, "--region-size", std::to_string(o.region_size)});
   const std::string line = child.ReadLine(kReadyTimeoutMs);
   std::istringstream in(line);
   std::string word;
@@ -947,13 +1027,15 @@ int RunControl(const Options& o) {
   Child child;
   const Target target = StartTarget(child, o, o.mems.front());
   hixl::Hixl engine;
-  Check(engine.Initialize("127.0.0.1", {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+  Check(engine.Initialize("127.0.0.1",
+                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
         "Initialize");
   constexpr int kN = 200;
   auto report = [](const char* what, std::vector<double>& us) {
     std::sort(us.begin(), us.end());
-    std::printf("{\"mode\":\"control\",\"op\":\"%s\",\"iters\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
-                what, us.size(), Percentile(us, 0.50), Percentile(us, 0.99));
+    std::printf(
+        "{\"mode\":\"control\",\"op\":\"%s\",\"iters\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+        what, us.size(), Percentile(us, 0.50), Percentile(us, 0.99));
     std::fprintf(stderr, "%-28s p50 %9.1f us   p99 %9.1f us\n", what, Percentile(us, 0.50),
                  Percentile(us, 0.99));
   };
@@ -988,8 +1070,143 @@ int RunControl(const Options& o) {
   return 0;
 }
 
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// --notify: a 4 KiB WRITE with a notification attached, timed from posting to
+// the moment the target's GetNotifies returns it; beside it, in the same run,
+// the plain 4 KiB TransferSync WRITE and the WRITE+notify TransferSync.
+int RunNotify(const Options& o) {
+  Child child;
+  const Target target = StartTarget(child, o, o.mems.front());
+  hixl::Hixl engine;
+  Check(engine.Initialize("127.0.0.1",
+                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+        "Initialize");
+  Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+  const uint64_t n = o.iters ? o.iters : 5000;
+  Buffer local(4 * KiB);
+  const std::vector<hixl::TransferOpDesc> descs = {
+      {reinterpret_cast<uintptr_t>(local.data()), target.addr, 4 * KiB}};
+  for (int i = 0; i < 200; ++i)
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "warm-up");
+  child.WriteLine("watch " + std::to_string(n));
+  std::vector<double> plain_us, sync_us;
+  for (uint64_t i = 0; i < n; ++i) {
+    auto a = Clock::now();
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "TransferSync");
+    plain_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    hixl::TransferArgs args;
+    args.notify = hixl::NotifyDesc{"kv", std::to_string(NowNs()), ""};
+    a = Clock::now();
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs, args,
+                              kTransferTimeoutMs),
+          "TransferSync with notify");
+    sync_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  const std::string reply = child.ReadLine(kReplyTimeoutMs);
+  std::istringstream in(reply);
+  std::string ok;
+  double seen_p50 = 0, seen_p99 = 0;
+  if (!(in >> ok >> seen_p50 >> seen_p99) || ok != "OK") Fail("target: " + reply);
+  std::sort(plain_us.begin(), plain_us.end());
+  std::sort(sync_us.begin(), sync_us.end());
+  std::printf("{\"mode\":\"notify\",\"transport\":\"%s\",\"iters\":%" PRIu64
+              ",\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,\"sync_notify_p50_us\":%.2f,"
+              "\"sync_notify_p99_us\":%.2f,\"write_p50_us\":%.2f,\"write_p99_us\":%.2f}\n",
+              o.transport.c_str(), n, seen_p50, seen_p99, Percentile(sync_us, 0.5),
+              Percentile(sync_us, 0.99), Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+  if (o.table) {
+    std::fprintf(stderr, "%s: notification seen after post  p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), seen_p50, seen_p99);
+    std::fprintf(stderr, "%s: WRITE 4K + notify (sync)      p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), Percentile(sync_us, 0.5), Percentile(sync_us, 0.99));
+    std::fprintf(stderr, "%s: WRITE 4K (sync, baseline)     p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+  }
+  engine.Finalize();
+  child.Stop();
+  return 0;
+}
+
+// --failover: how long after a target dies (kill -9) or hangs (SIGSTOP) an
+// in-flight request ends FAILED. tcp: the target is stopped first so the
+// request is surely in flight; shm copies do not wait on the target, so there
+// the time until the link is dropped (GetConnectStatus NOT_CONNECTED) is shown.
+int RunFailover(const Options& o) {
+  const int reps = static_cast<int>(std::min<uint64_t>(o.reps, 20));
+  const int hb_ms = 1000, misses = 3;  // the engine's defaults
+  for (const char* how : {"kill", "hang"}) {
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      Child child;
+      const Target target = StartTarget(child, o, o.mems.front());
+      hixl::Hixl engine;
+      Check(engine.Initialize("127.0.0.1",
+                              {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+            "Initialize");
+      Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+      const size_t len = std::min<size_t>(target.len, 64 * MiB);
+      Buffer local(len);
+      hixl::TransferReq req = 0;
+      const bool tcp = o.transport == "tcp";
+      const bool hang = std::string(how) == "hang";
+      auto t0 = Clock::now();  // a hang starts at the SIGSTOP
+      if (tcp || hang) kill(child.pid(), SIGSTOP);
+      if (tcp) {
+        Check(engine.TransferAsync(target.engine, hixl::TransferOp::WRITE,
+                                   {{reinterpret_cast<uintptr_t>(local.data()), target.addr, len}},
+                                   {}, req),
+              "TransferAsync");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!hang) {
+        t0 = Clock::now();
+        kill(child.pid(), SIGKILL);
+      }
+      const auto limit = t0 + std::chrono::seconds(30);
+      bool ended = false;
+      while (!ended && Clock::now() < limit) {
+        if (tcp) {
+          hixl::TransferStatus st;
+          Check(engine.GetTransferStatus(req, st), "GetTransferStatus");
+          if (st == hixl::TransferStatus::COMPLETED)
+            Fail("a transfer to a stopped target completed");
+          ended = st != hixl::TransferStatus::WAITING;
+        } else {
+          hixl::ConnectStatus cs;
+          Check(engine.GetConnectStatus(target.engine, cs), "GetConnectStatus");
+          ended = cs == hixl::ConnectStatus::NOT_CONNECTED;
+        }
+        if (!ended) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (!ended) Fail(std::string("no failure seen 30 s after ") + how);
+      ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      engine.Finalize();
+      kill(child.pid(), SIGKILL);
+      kill(child.pid(), SIGCONT);
+      child.Stop();
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "{\"mode\":\"failover\",\"transport\":\"%s\",\"event\":\"%s\",\"reps\":%d,"
+        "\"p50_ms\":%.1f,\"max_ms\":%.1f,\"heartbeat_ms\":%d,\"misses\":%d}\n",
+        o.transport.c_str(), how, reps, Percentile(ms, 0.5), ms.back(), hb_ms, misses);
+    if (o.table)
+      std::fprintf(stderr, "%s: %s -> %s  p50 %8.1f ms  max %8.1f ms (heartbeat %d ms x %d)\n",
+                   o.transport.c_str(), how,
+                   o.transport == "tcp" ? "request FAILED" : "link dropped", Percentile(ms, 0.5),
+                   ms.back(), hb_ms, misses);
+  }
+  return 0;
+}
+
 int RunInitiator(const Options& o) {
   if (o.control) return RunControl(o);
+  if (o.notify) return RunNotify(o);
+  if (o.failover) return RunFailover(o);
   // The shapes to run, and the largest transfer among them.
   struct Shape {
     uint64_t block, batch;
@@ -1011,8 +1228,10 @@ int RunInitiator(const Options& o) {
   }
   if (o.region_size < 4 * KiB) Fail("--region-size must be at least 4K");
   if (skipped)
-    std::fprintf(stderr, "hixl-bench: skipped %" PRIu64
-                 " block x batch combination(s) larger than --max-total or --region-size\n", skipped);
+    std::fprintf(stderr,
+                 "hixl-bench: skipped %" PRIu64
+                 " block x batch combination(s) larger than --max-total or --region-size\n",
+                 skipped);
   if (run_sweep && shapes.empty()) Fail("nothing to run: every combination was skipped");
 
   Buffer local(largest), scratch(largest);
@@ -1034,26 +1253,27 @@ int RunInitiator(const Options& o) {
         opts[hixl::options::kCopyThreads] = std::to_string(threads);
       }
       Check(engine->Initialize("127.0.0.1", opts),
-            "Initialize(127.0.0.1, " + o.transport + ", threads/lanes=" + std::to_string(threads) + ")");
+            "Initialize(127.0.0.1, " + o.transport + ", threads/lanes=" + std::to_string(threads) +
+                ")");
       Check(engine->Connect(target.engine, kConnectTimeoutMs), "Connect(" + target.engine + ")");
       hixl::LinkType lt = hixl::LinkType::AUTO;
       Check(engine->GetLinkType(target.engine, lt), "GetLinkType");
       const std::string transport = Lower(hixl::LinkTypeName(lt));
-      if (transport != o.transport)
-        Fail("link type is " + transport + ", not " + o.transport);
+      if (transport != o.transport) Fail("link type is " + transport + ", not " + o.transport);
 
       CopyPool pool(static_cast<int>(threads));
       std::unique_ptr<SocketBaseline> sock;
       if (o.transport == "tcp") sock = std::make_unique<SocketBaseline>();
-      Context c{&o, engine.get(), &child, target, &local, &scratch, &pool, transport, mem, threads,
-                sock.get()};
+      Context c{&o,    engine.get(), &child, target,  &local,    &scratch,
+                &pool, transport,    mem,    threads, sock.get()};
       std::vector<hixl::TransferOp> ops;
       if (o.do_write) ops.push_back(hixl::TransferOp::WRITE);
       if (o.do_read) ops.push_back(hixl::TransferOp::READ);
       for (const auto op : ops)
         for (const Shape& s : shapes) {
           const uint64_t total = s.block * s.batch;
-          const uint64_t iters = o.iters ? o.iters : std::max<uint64_t>(5, (256 * MiB + total - 1) / total);
+          const uint64_t iters =
+              o.iters ? o.iters : std::max<uint64_t>(5, (256 * MiB + total - 1) / total);
           const Measurement m = Measure(c, op, s.block, s.batch, iters, "bandwidth");
           PrintJson(m);
           if (o.table) PrintTableRow(m);
@@ -1082,8 +1302,8 @@ int main(int argc, char** argv) {
     if (o.serve) return Serve(o);
     return RunInitiator(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hixl-bench%s: error: %s\n", argc > 1 && std::string(argv[1]) == "--serve" ? " (target)" : "",
-                 e.what());
+    std::fprintf(stderr, "hixl-bench%s: error: %s\n",
+                 argc > 1 && std::string(argv[1]) == "--serve" ? " (target)" : "", e.what());
     return 1;
   }
 }

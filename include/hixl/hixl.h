@@ -21,9 +21,25 @@
 //
 // Async contract: TransferAsync validates and posts, then returns a TransferReq.
 // GetTransferStatus reports WAITING until the request ends, then COMPLETED
-// (the data is in the destination memory) or FAILED/TIMEOUT; once it has
-// reported an end state the TransferReq is released and further queries answer
-// PARAM_INVALID. Local buffers must stay valid until the request has ended.
+// (the data is in the destination memory), FAILED, TIMEOUT or CANCELLED; once
+// it has reported an end state the TransferReq is released and further
+// queries answer PARAM_INVALID. Local buffers must stay valid until the
+// request has ended.
+//
+// Failure semantics: a request that ends TIMEOUT, FAILED or CANCELLED has
+// stopped — no byte of it is written afterwards into either side's memory, so
+// the caller may reuse its buffers at once. Bytes already on their way when
+// it was stopped are let land (or, when the peer is declared dead, are
+// discarded by the peer) before the end is reported. Links send heartbeats: a
+// peer silent for HeartbeatIntervalMs * HeartbeatMisses is declared dead, its
+// requests end FAILED and its metadata is dropped. A restarted peer is a new
+// incarnation (new generation): Connect to it again.
+//
+// Notifications: SendNotify queues a short named message at the peer, which
+// takes it with GetNotifies (or a callback). A notification attached to a
+// transfer (TransferArgs::notify) is sent only after all of the transfer's
+// data is in the target's memory, and the transfer reports COMPLETED only
+// once the target has queued the notification.
 //
 // Thread safety: every method may be called from any thread concurrently,
 // except Initialize and Finalize, which must not race with other calls on the
@@ -39,8 +55,10 @@
 #ifdef __cplusplus
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,14 +92,47 @@ struct TransferOpDesc {
   size_t len = 0;
 };
 
+// A notification: a short named message for a peer. On receipt `from` holds
+// the sender's engine name ("ip:port"; a client-only engine is named by its
+// IP alone, so several of them on one host look alike).
+inline constexpr size_t kMaxNotifyNameLen = 1024;  // bytes
+inline constexpr size_t kMaxNotifyMsgLen = 1024;   // bytes (any byte values)
+struct NotifyDesc {
+  std::string name;
+  std::string notify_msg;
+  std::string from;  // set by the receiving engine; ignored when sending
+};
+
 struct TransferArgs {
   uint64_t user_data = 0;  // carried with the request, unused by the engine
+  // TransferAsync: > 0 ends the request TIMEOUT this many milliseconds after
+  // it was posted; 0: no deadline. TransferSync uses its timeout_ms instead.
+  int32_t timeout_ms = 0;
+  // Delivered to the target after all of this transfer's data is in its memory.
+  std::optional<NotifyDesc> notify;
+  // When non-zero, the transfer is refused unless the peer's current
+  // incarnation has this generation (see GetPeerGeneration): addresses learned
+  // from an earlier life of a restarted peer are never used.
+  uint64_t remote_generation = 0;
 };
 
 // Opaque handle of an async request. 0 is never a valid handle.
 using TransferReq = uint64_t;
 
-enum class TransferStatus : uint32_t { WAITING = 0, COMPLETED = 1, TIMEOUT = 2, FAILED = 3 };
+enum class TransferStatus : uint32_t {
+  WAITING = 0,
+  COMPLETED = 1,
+  TIMEOUT = 2,
+  FAILED = 3,
+  CANCELLED = 4,
+};
+
+enum class ConnectStatus : uint32_t {
+  NOT_CONNECTED = 0,  // no link and no attempt under way (or the link was lost)
+  CONNECTING = 1,     // ConnectAsync is under way
+  CONNECTED = 2,
+  FAILED = 3,  // the last ConnectAsync failed (the reason says why)
+};
 
 // Transport a link uses. AUTO picks shm when both engines share a host.
 enum class LinkType : uint32_t { AUTO = 0, SHM = 1, TCP = 2, UCX = 3 };
@@ -106,6 +157,27 @@ inline constexpr const char kTcpLanes[] = "TcpLanes";
 inline constexpr const char kTcpSliceSize[] = "TcpSliceSize";
 // tcp: I/O threads serving all lanes of this engine (1..16, default 2).
 inline constexpr const char kTcpIoThreads[] = "TcpIoThreads";
+// Milliseconds between heartbeats on every link (10..600000, default 1000).
+inline constexpr const char kHeartbeatIntervalMs[] = "HeartbeatIntervalMs";
+// Heartbeat intervals a peer may stay silent before it is declared dead
+// (1..1000, default 3): a dead or hung peer is detected within
+// interval * (misses + 1).
+inline constexpr const char kHeartbeatMisses[] = "HeartbeatMisses";
+// "1": transfers and notifications to an unconnected peer connect on demand
+// (default "0").
+inline constexpr const char kAutoConnect[] = "AutoConnect";
+// Milliseconds an on-demand connect may take (1..3600000, default 3000).
+inline constexpr const char kConnectTimeoutMs[] = "ConnectTimeoutMs";
+// Most peers this engine keeps links to (0 = no limit, default 0). Connecting
+// beyond it first evicts idle links (least recently used first, never one
+// with transfers in flight) down to PeersLowWater; with none idle, Connect
+// answers RESOURCE_EXHAUSTED.
+inline constexpr const char kMaxPeers[] = "MaxPeers";
+// Links kept after an eviction (0..MaxPeers-1; default 3/4 of MaxPeers).
+inline constexpr const char kPeersLowWater[] = "PeersLowWater";
+// Notifications queued per sending peer before further ones are refused
+// with RESOURCE_EXHAUSTED (1..1048576, default 4096).
+inline constexpr const char kNotifyQueueDepth[] = "NotifyQueueDepth";
 }  // namespace options
 
 class HIXL_EXPORT Hixl {
@@ -146,20 +218,56 @@ class HIXL_EXPORT Hixl {
   Status GetMemHandle(void* ptr, MemHandle& handle) const;
 
   Status Connect(const std::string& remote_engine, int32_t timeout_ms = 1000);
+  // Starts connecting and returns at once; GetConnectStatus tells how it went.
+  // ALREADY_CONNECTED when a link exists or an attempt is under way.
+  Status ConnectAsync(const std::string& remote_engine, int32_t timeout_ms = 1000);
+  // reason (optional) holds why the last ConnectAsync failed.
+  Status GetConnectStatus(const std::string& remote_engine, ConnectStatus& status,
+                          Status* reason = nullptr) const;
+  // Closes the link. Pieces of transfers already on the wire are let land
+  // (waiting up to timeout_ms); transfers not finished end FAILED.
   Status Disconnect(const std::string& remote_engine, int32_t timeout_ms = 1000);
   // The transport a connected link uses ("shm", ...).
   Status GetLinkType(const std::string& remote_engine, LinkType& type) const;
+  // The generation (incarnation id) of a connected peer, and of this engine.
+  // A restarted peer has a new one.
+  Status GetPeerGeneration(const std::string& remote_engine, uint64_t& generation) const;
+  uint64_t Generation() const;
 
   // Moves every descriptor and returns when all bytes are in the destination.
   // timeout_ms <= 0 waits without limit.
   Status TransferSync(const std::string& remote_engine, TransferOp op,
                       const std::vector<TransferOpDesc>& descs, int32_t timeout_ms = 1000);
+  // The same with TransferArgs (notification, remote_generation);
+  // args.timeout_ms is not used (timeout_ms is the deadline).
+  Status TransferSync(const std::string& remote_engine, TransferOp op,
+                      const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                      int32_t timeout_ms = 1000);
   Status TransferAsync(const std::string& remote_engine, TransferOp op,
                        const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                        TransferReq& req);
   Status GetTransferStatus(TransferReq req, TransferStatus& status);
-  // Like GetTransferStatus, and on FAILED/TIMEOUT also the reason.
+  // Like GetTransferStatus, and on FAILED/TIMEOUT/CANCELLED also the reason.
   Status GetTransferStatus(TransferReq req, TransferStatus& status, Status& reason);
+  // Stops an async request and returns once it has stopped (no byte of it
+  // moves afterwards). Its end is then reported by GetTransferStatus:
+  // CANCELLED; or COMPLETED when every byte reached its destination anyway
+  // (e.g. a tcp WRITE whose slices were all on the wire: they land, and the
+  // request is whole); or FAILED/TIMEOUT if it had ended so first.
+  Status CancelTransfer(TransferReq req);
+
+  // Sends a notification and returns once the peer has queued it.
+  // RESOURCE_EXHAUSTED: the peer's queue for this engine is full (nothing was
+  // queued). TIMEOUT: no answer in time (it may still be delivered).
+  Status SendNotify(const std::string& remote_engine, const NotifyDesc& notify,
+                    int32_t timeout_ms = 1000);
+  // Moves every queued notification (oldest first) to the end of notifies.
+  Status GetNotifies(std::vector<NotifyDesc>& notifies);
+  // With a callback set, notifications go to it (one engine thread calls it,
+  // in arrival order) instead of the queue; nullptr goes back to the queue.
+  // The callback must not call Finalize.
+  using NotifyCallback = std::function<void(const NotifyDesc&)>;
+  Status SetNotifyCallback(NotifyCallback callback);
 
   class Impl;
 

@@ -47,15 +47,16 @@ extern "C" {
 /* One code per hixl::StatusCode (same numbers), plus HIXL_IN_PROGRESS. */
 typedef enum HixlStatus {
   HIXL_SUCCESS = 0,
-  HIXL_PARAM_INVALID = 1,       /* an argument is wrong: fix the call */
-  HIXL_TIMEOUT = 2,             /* a deadline passed */
-  HIXL_NOT_CONNECTED = 3,       /* no link to that peer (or the peer is gone) */
-  HIXL_ALREADY_CONNECTED = 4,   /* connect to a peer that is already connected */
-  HIXL_NOTIFY_FAILED = 5,       /* a notification could not be delivered */
-  HIXL_UNSUPPORTED = 6,         /* not possible with this build, link or peer */
-  HIXL_RESOURCE_EXHAUSTED = 7,  /* a limit or queue is full: retry later */
-  HIXL_FAILED = 8,              /* anything else: see hixlGetLastErrorMessage */
-  HIXL_IN_PROGRESS = 1000       /* the request has not finished yet */
+  HIXL_PARAM_INVALID = 1,      /* an argument is wrong: fix the call */
+  HIXL_TIMEOUT = 2,            /* a deadline passed */
+  HIXL_NOT_CONNECTED = 3,      /* no link to that peer (or the peer is gone) */
+  HIXL_ALREADY_CONNECTED = 4,  /* connect to a peer that is already connected */
+  HIXL_NOTIFY_FAILED = 5,      /* a notification could not be delivered */
+  HIXL_UNSUPPORTED = 6,        /* not possible with this build, link or peer */
+  HIXL_RESOURCE_EXHAUSTED = 7, /* a limit or queue is full: retry later */
+  HIXL_FAILED = 8,             /* anything else: see hixlGetLastErrorMessage */
+  HIXL_CANCELLED = 9,          /* the request was cancelled (hixlCancelRequest) */
+  HIXL_IN_PROGRESS = 1000      /* the request has not finished yet */
 } HixlStatus;
 
 /* Static description of a status, e.g. "PARAM_INVALID: an argument is wrong".
@@ -108,7 +109,20 @@ typedef struct HixlRequestObj* HixlRequest;
 /* Milliseconds a synchronous transfer may take (0 = no limit, default 60000). */
 #define HIXL_OPTION_TRANSFER_TIMEOUT_MS "TransferTimeoutMs"
 /* The C++ option keys ("CopyThreads", "TcpLanes", ...) are accepted as keys
- * too; their values are checked by hixlCreateEngine. */
+ * too; their values are checked by hixlCreateEngine. Among them (see hixl.h,
+ * hixl::options): */
+/* Milliseconds between heartbeats (10..600000, default 1000), and intervals a
+ * peer may stay silent before it is declared dead (1..1000, default 3). */
+#define HIXL_OPTION_HEARTBEAT_INTERVAL_MS "HeartbeatIntervalMs"
+#define HIXL_OPTION_HEARTBEAT_MISSES "HeartbeatMisses"
+/* Most peers kept linked (0 = no limit) and links kept after an eviction. */
+#define HIXL_OPTION_MAX_PEERS "MaxPeers"
+#define HIXL_OPTION_PEERS_LOW_WATER "PeersLowWater"
+/* Notifications queued per sending peer before further ones are refused with
+ * HIXL_RESOURCE_EXHAUSTED (1..1048576, default 4096). */
+#define HIXL_OPTION_NOTIFY_QUEUE_DEPTH "NotifyQueueDepth"
+/* ("AutoConnect" is accepted too; the C API connects on demand anyway.
+ * HIXL_OPTION_CONNECT_TIMEOUT_MS also bounds the engine's own connects.) */
 
 HIXL_C_EXPORT HixlStatus hixlCreateConfig(HixlConfig* config);
 /* Unknown keys and malformed values: HIXL_PARAM_INVALID (config unchanged). */
@@ -149,8 +163,9 @@ HIXL_C_EXPORT HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle h
 HIXL_C_EXPORT HixlStatus hixlAllocMemory(HixlEngine engine, size_t size, void** ptr);
 HIXL_C_EXPORT HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr);
 
-/* A printable string naming the handle's engine ("ip:port"), region address,
- * length, permissions and a checksum; owned by the handle. NULL for an
+/* A printable string naming the handle's engine ("ip:port") and its
+ * generation, region address, length, permissions and a checksum; owned by
+ * the handle. NULL for an
  * invalid handle or a handle of a client-only engine (peers cannot reach it).
  */
 HIXL_C_EXPORT const char* hixlMemHandleSerialize(HixlMemHandle handle);
@@ -162,6 +177,16 @@ HIXL_C_EXPORT HixlStatus hixlMemHandleDeserialize(HixlEngine engine, const char*
                                                   HixlMemHandle* handle);
 /* Size in bytes of the region a handle names (0 for an invalid handle). */
 HIXL_C_EXPORT size_t hixlMemHandleGetSize(HixlMemHandle handle);
+/* The address ("ip:port") of the engine whose memory a handle names, e.g. to
+ * send that engine a notification; owned by the handle. NULL for an invalid
+ * handle or a handle of a client-only engine.
+ *
+ * Serialized handles carry the owner engine's generation (its incarnation):
+ * a transfer through a deserialized handle is refused (HIXL_PARAM_INVALID,
+ * the message says the engine restarted) when the engine now serving that
+ * address is a new incarnation, e.g. restarted on the same port. Fetch a
+ * fresh handle string from it. */
+HIXL_C_EXPORT const char* hixlMemHandleGetEngine(HixlMemHandle handle);
 
 /* ------------------------------------------------------------------ transfers */
 
@@ -201,17 +226,86 @@ HIXL_C_EXPORT HixlStatus hixlTransferBatchAsync(HixlEngine engine, HixlTransferO
                                                 const HixlTransferDesc* descs, size_t count,
                                                 HixlRequest* request);
 
+/* Batches with options. options NULL: the defaults (all fields 0/NULL).
+ *  timeout_ms: 0 = the engine's HIXL_OPTION_TRANSFER_TIMEOUT_MS for a blocking
+ *    transfer, no deadline for an async one; > 0 = this deadline (an async
+ *    request then ends HIXL_TIMEOUT once it passed); < 0: HIXL_PARAM_INVALID.
+ *  notify_name: non-NULL attaches a notification (NUL-terminated name of at
+ *    most HIXL_MAX_NOTIFY_LEN bytes, message notify_msg/notify_msg_len, any
+ *    bytes, at most HIXL_MAX_NOTIFY_LEN; notify_msg may be NULL only with
+ *    length 0) that the remote engine receives only after all of the
+ *    transfer's data is in its memory; the transfer ends HIXL_SUCCESS only
+ *    once the remote engine has queued it (else the error says the data
+ *    was written but the notification was not delivered).
+ * async: 0 blocks like hixlTransferBatch, non-zero posts like
+ * hixlTransferBatchAsync (request then required). */
+typedef struct HixlTransferOptions {
+  int32_t timeout_ms;
+  const char* notify_name;
+  const void* notify_msg;
+  size_t notify_msg_len;
+} HixlTransferOptions;
+HIXL_C_EXPORT HixlStatus hixlTransferBatchEx(HixlEngine engine, HixlTransferOp op,
+                                             const HixlTransferDesc* descs, size_t count,
+                                             const HixlTransferOptions* options, int async,
+                                             HixlRequest* request);
+
 /* HIXL_SUCCESS when done, HIXL_IN_PROGRESS while running, else the failure
- * (HIXL_TIMEOUT, HIXL_NOT_CONNECTED, ...). An ended request keeps answering
- * the same. A request of another engine or a destroyed one: HIXL_PARAM_INVALID. */
+ * (HIXL_TIMEOUT, HIXL_NOT_CONNECTED, HIXL_CANCELLED, ...). An ended request
+ * keeps answering the same. A request of another engine or a destroyed one:
+ * HIXL_PARAM_INVALID. */
 HIXL_C_EXPORT HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request);
 /* Waits up to timeout_ms (HIXL_WAIT_FOREVER: no limit) for the request to end
  * and returns what hixlPollRequest then answers: HIXL_IN_PROGRESS means the
  * wait timed out and the request is still running. */
-HIXL_C_EXPORT HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeout_ms);
+HIXL_C_EXPORT HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request,
+                                         int32_t timeout_ms);
+/* Stops an unfinished async request and returns once it has stopped: no byte
+ * of it moves afterwards, its buffers may be reused, and hixlPollRequest
+ * answers HIXL_CANCELLED (or its real end if it ended first). A request that
+ * had already ended: HIXL_SUCCESS, its answer unchanged. */
+HIXL_C_EXPORT HixlStatus hixlCancelRequest(HixlEngine engine, HixlRequest request);
 /* Releases a request. An unfinished one is waited for first, so its buffers
  * may be reused once this returns. */
 HIXL_C_EXPORT HixlStatus hixlDestroyRequest(HixlRequest request);
+
+/* ------------------------------------------------------------------ notifications */
+
+/* Most bytes of a notification's name, and of its message. */
+#define HIXL_MAX_NOTIFY_LEN 1024
+
+/* Sends a short named message to the engine at remote ("ip:port"; connected
+ * on demand) and returns once that engine has queued it. name: NUL-terminated,
+ * at most HIXL_MAX_NOTIFY_LEN bytes; msg: msg_len (<= HIXL_MAX_NOTIFY_LEN)
+ * bytes of any value, NULL only with msg_len 0; timeout_ms > 0.
+ * HIXL_RESOURCE_EXHAUSTED: the remote engine's queue for this engine is full
+ * (HIXL_OPTION_NOTIFY_QUEUE_DEPTH; nothing was queued, retry later).
+ * HIXL_TIMEOUT / HIXL_NOT_CONNECTED: no answer / the link was lost (it may
+ * still have been delivered). */
+HIXL_C_EXPORT HixlStatus hixlSendNotify(HixlEngine engine, const char* remote, const char* name,
+                                        const void* msg, size_t msg_len, int32_t timeout_ms);
+
+/* A received notification. name and msg are NUL-terminated copies; name_len
+ * and msg_len are their exact lengths (msg may contain any bytes, NUL too).
+ * from: the sender's engine address ("ip:port", or "ip" for a client-only
+ * engine). */
+typedef struct HixlNotify {
+  char name[HIXL_MAX_NOTIFY_LEN + 1];
+  size_t name_len;
+  char msg[HIXL_MAX_NOTIFY_LEN + 1];
+  size_t msg_len;
+  char from[257];
+} HixlNotify;
+
+/* Copies up to capacity (> 0) of the oldest received notifications into
+ * out[0..*count) (*count = 0 when none) and removes them; the rest stay
+ * queued, in order, for the next call. Never blocks. Notifications this
+ * layer holds for a later call no longer count against the sender's
+ * HIXL_OPTION_NOTIFY_QUEUE_DEPTH; it takes new ones from the engine only
+ * when it cannot fill out otherwise, so at most about twice that many wait
+ * per sender. */
+HIXL_C_EXPORT HixlStatus hixlGetNotifies(HixlEngine engine, HixlNotify* out, size_t capacity,
+                                         size_t* count);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -32,6 +32,7 @@ enum class StatusCode : uint32_t {
   kUnsupported = 6,        // not possible with this build, link or peer
   kResourceExhausted = 7,  // a limit or queue is full: retry later
   kFailed = 8,             // anything else: the message says what
+  kCancelled = 9,          // the caller cancelled the request
 };
 
 // Short upper-case name of a code, e.g. "PARAM_INVALID".
@@ -54,6 +55,7 @@ class [[nodiscard]] HIXL_EXPORT Status {
     return {StatusCode::kResourceExhausted, std::move(m)};
   }
   static Status Failed(std::string m) { return {StatusCode::kFailed, std::move(m)}; }
+  static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kSuccess; }
   StatusCode code() const { return code_; }

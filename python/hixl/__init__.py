@@ -3,7 +3,13 @@
 Two layers:
 
 * ``hixl.Hixl`` -- the C++ engine ``hixl::Hixl``, every method in snake_case
-  (``initialize``, ``register_mem``, ``connect``, ``transfer_sync``, ...).
+  (``initialize``, ``register_mem``, ``connect``, ``transfer_sync``, ...),
+  including notifications (``send_notify``, ``get_notifies`` -> list of
+  ``hixl.NotifyDesc(name, msg, sender)``, ``set_notify_callback``),
+  ``cancel_transfer``, ``connect_async``/``get_connect_status`` and
+  generations (``generation``, ``get_peer_generation``, and the
+  ``remote_generation=`` keyword of the transfers). Option keys for
+  ``initialize`` are in ``hixl.options``.
 * ``hixl.Context`` -- the seed's convenience API::
 
       with hixl.Context(device_id=0, peer_device_id=1) as ctx:
@@ -31,12 +37,15 @@ import time
 
 from . import _hixl
 from ._hixl import (HixlError, Hixl, LinkType, MemDesc, MemType, StatusCode,  # noqa: F401
-                    TransferOp, TransferOpDesc, TransferStatus, MEM_PERM_NONE, MEM_PERM_READ,
-                    MEM_PERM_WRITE, MEM_PERM_READ_WRITE, address_of)
+                    TransferOp, TransferOpDesc, TransferStatus, ConnectStatus, NotifyDesc,
+                    MEM_PERM_NONE, MEM_PERM_READ, MEM_PERM_WRITE, MEM_PERM_READ_WRITE,
+                    MAX_NOTIFY_NAME_LEN, MAX_NOTIFY_MSG_LEN, address_of, options)
 
 __all__ = ["Hixl", "HixlError", "Context", "Buffer", "MEM_ZERO_COPY", "MEM_DEFAULT", "StatusCode",
-           "MemType", "TransferOp", "TransferStatus", "LinkType", "MemDesc", "TransferOpDesc",
-           "MEM_PERM_NONE", "MEM_PERM_READ", "MEM_PERM_WRITE", "MEM_PERM_READ_WRITE", "address_of"]
+           "MemType", "TransferOp", "TransferStatus", "ConnectStatus", "LinkType", "MemDesc",
+           "TransferOpDesc", "NotifyDesc", "MEM_PERM_NONE", "MEM_PERM_READ", "MEM_PERM_WRITE",
+           "MEM_PERM_READ_WRITE", "MAX_NOTIFY_NAME_LEN", "MAX_NOTIFY_MSG_LEN", "address_of",
+           "options"]
 
 MEM_DEFAULT = 0      # private host memory, registered
 MEM_ZERO_COPY = 1    # engine-allocated shareable memory (memfd) local peers map

@@ -1,8 +1,13 @@
 """pytest tests of the Python module: two processes move bytes through
-hixl.Context and hixl.Hixl; bad input raises hixl.HixlError."""
+hixl.Context and hixl.Hixl, send each other notifications (queued and
+through a callback, alone and attached to transfers), cancel transfers to a
+stopped peer and check generations; bad input raises hixl.HixlError."""
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -268,3 +273,361 @@ def test_torch_tensors(peer_factory):
         assert np.array_equal(t.numpy(), pattern(1 << 20, 1))
         with pytest.raises(hixl.HixlError):
             ctx.read(buf, t[::2], 100)      # not contiguous
+
+
+# ---------------------------------------------------------------- notifications
+
+def wait_notifies(h, count, timeout=10.0):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += h.get_notifies()
+        if len(got) < count:
+            time.sleep(0.001)
+    return got
+
+
+def test_notify_round_trip_two_processes(peer_factory):
+    peer = peer_factory("engine", 1 << 20)
+    engine, _, _ = peer.line().split()
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1:0")
+    with pytest.raises(hixl.HixlError) as ei:
+        h.send_notify(engine, "early")          # no link yet
+    assert ei.value.code == int(hixl.StatusCode.NOT_CONNECTED)
+    h.connect(engine, timeout_ms=5000)
+    h.send_notify(engine, "hello", b"\x00\x01bytes\xff")     # bytes: exact
+    h.send_notify(engine, "ünï", "text msg", timeout_ms=2000)  # str: UTF-8
+    h.send_notify(engine, b"raw-name", bytearray(b"ba"))
+    h.send_notify(engine, "n" * hixl.MAX_NOTIFY_NAME_LEN, b"m" * hixl.MAX_NOTIFY_MSG_LEN)
+    peer.say("NOTIFIES")
+    got = json.loads(peer.line())
+    assert [g[0] for g in got] == ["hello", "ünï", "raw-name", "n" * 1024]
+    assert bytes.fromhex(got[0][1]) == b"\x00\x01bytes\xff"
+    assert bytes.fromhex(got[1][1]) == "text msg".encode()
+    assert bytes.fromhex(got[2][1]) == b"ba"
+    assert bytes.fromhex(got[3][1]) == b"m" * 1024
+    assert all(g[2] == h.local_engine() for g in got)
+    peer.say("NOTIFIES")
+    assert json.loads(peer.line()) == []        # taken
+    # The other direction: the peer connects to us and sends.
+    peer.say("SEND %s back %s" % (h.local_engine(), "payload"))
+    assert peer.line() == "SENT"
+    got = wait_notifies(h, 1)
+    assert len(got) == 1
+    n = got[0]
+    assert isinstance(n, hixl.NotifyDesc)
+    assert (n.name, n.msg, n.sender) == ("back", b"payload", engine)
+    assert h.get_notifies() == []
+    # Bad input: nothing is sent.
+    for bad in [dict(name="x" * 1025), dict(name="n", msg=b"m" * 1025), dict(name="n", timeout_ms=0)]:
+        with pytest.raises(hixl.HixlError) as ei:
+            h.send_notify(engine, **bad)
+        assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID)
+    with pytest.raises(hixl.HixlError) as ei:
+        h.send_notify(engine, "n", 12345)       # not bytes-like
+    assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID)
+    with pytest.raises(TypeError):
+        h.send_notify(engine)                   # name is required
+    peer.say("NOTIFIES")
+    assert json.loads(peer.line()) == []
+    h.finalize()
+    with pytest.raises(hixl.HixlError):
+        h.get_notifies()                        # finalized
+    assert peer.close() == 0
+
+
+def test_notify_queue_limit_and_names():
+    rx = hixl.Hixl()
+    rx.initialize("127.0.0.1:0", {hixl.options.NOTIFY_QUEUE_DEPTH: "3"})
+    tx = hixl.Hixl()
+    tx.initialize("127.0.0.1:0")
+    tx.connect(rx.local_engine())
+    for i in range(3):
+        tx.send_notify(rx.local_engine(), "n%d" % i)
+    with pytest.raises(hixl.HixlError) as ei:
+        tx.send_notify(rx.local_engine(), "refused")
+    assert ei.value.code == int(hixl.StatusCode.RESOURCE_EXHAUSTED)
+    assert ei.value.code_name == "RESOURCE_EXHAUSTED"
+    assert [n.name for n in rx.get_notifies()] == ["n0", "n1", "n2"]
+    # Room again; a name that is not UTF-8 keeps its bytes (surrogate escapes).
+    tx.send_notify(rx.local_engine(), b"\xff\xfename", b"")
+    (n,) = rx.get_notifies()
+    assert n.name.encode("utf-8", "surrogateescape") == b"\xff\xfename"
+    assert n.msg == b"" and n.sender == tx.local_engine()
+    tx.finalize()
+    rx.finalize()
+
+
+def test_transfer_with_notify(peer_factory):
+    size = 4 << 20
+    peer = peer_factory("engine", size)
+    engine, addr, _ = peer.line().split()
+    addr = int(addr)
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1")
+    h.connect(engine, timeout_ms=5000)
+    # Async: the peer polls its queue and checks the memory the moment the
+    # notification shows up.
+    src = pattern(size, 11)
+    peer.say("WAITNOTIFY kv %d 11 20" % size)
+    req = h.transfer_async(engine, hixl.TransferOp.WRITE, [(int(src.ctypes.data), addr, size)],
+                           notify=("kv", b"layer0"), timeout_ms=20000)
+    assert peer.line() == "OK " + b"layer0".hex()
+    deadline = time.time() + 20
+    st = h.get_transfer_status(req)
+    while st == hixl.TransferStatus.WAITING and time.time() < deadline:
+        time.sleep(0.001)
+        st = h.get_transfer_status(req)
+    assert st == hixl.TransferStatus.COMPLETED
+    # Blocking, with a callback on the peer side checking the memory.
+    peer.say("CBCHECK %d 12" % size)
+    assert peer.line() == "SET"
+    src = pattern(size, 12)
+    h.transfer_sync(engine, hixl.TransferOp.WRITE, [(int(src.ctypes.data), addr, size)],
+                    timeout_ms=20000, notify=("cb", "x"))
+    peer.say("CBGET 1 10")
+    assert json.loads(peer.line()) == [["cb", b"x".hex(), h.local_engine(), True]]
+    # A NotifyDesc works as notify= too; a READ may carry one.
+    dst = np.zeros(4096, dtype=np.uint8)
+    h.transfer_sync(engine, hixl.TransferOp.READ, [(hixl.address_of(dst, True)[0], addr, 4096)],
+                    notify=hixl.NotifyDesc("read", b"r", "ignored"))
+    assert np.array_equal(dst, src[:4096])
+    peer.say("CBGET 1 10")
+    assert json.loads(peer.line()) == [["read", b"r".hex(), h.local_engine(), True]]
+    # Bad notify arguments: refused before anything moves.
+    for bad in [("x" * 1025, b""), ("n", b"m" * 1025), 42, ("a", "b", "c", "d"), ()]:
+        with pytest.raises(hixl.HixlError) as ei:
+            h.transfer_sync(engine, hixl.TransferOp.WRITE, [(int(src.ctypes.data), addr, 16)], notify=bad)
+        assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID), bad
+    peer.say("CBGET 0 0")
+    assert json.loads(peer.line()) == []
+    h.finalize()
+    assert peer.close() == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the "raise" one
+def test_notify_callback_delivery(peer_factory):
+    peer = peer_factory("engine", 1 << 20)
+    engine, _, _ = peer.line().split()
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1:0")
+    got = []
+    arrived = threading.Condition()
+    threads = set()
+
+    def cb(n):
+        threads.add(threading.get_ident())
+        with arrived:
+            got.append(n)
+            arrived.notify_all()
+        if n.name == "raise":
+            raise RuntimeError("a failing callback does not stop delivery")
+
+    with pytest.raises(hixl.HixlError):
+        h.set_notify_callback(42)               # not callable
+    h.set_notify_callback(cb)
+    for i, name in enumerate(["one", "raise", "two"]):
+        peer.say("SEND %s %s m%d" % (h.local_engine(), name, i))
+        assert peer.line() == "SENT"
+    with arrived:
+        assert arrived.wait_for(lambda: len(got) >= 3, 10)
+    assert [(n.name, n.msg, n.sender) for n in got] == [
+        ("one", b"m0", engine), ("raise", b"m1", engine), ("two", b"m2", engine)]
+    assert threading.get_ident() not in threads  # an engine thread called it
+    assert h.get_notifies() == []               # went to the callback, not the queue
+    # None: back to the queue.
+    h.set_notify_callback(None)
+    peer.say("SEND %s queued q" % h.local_engine())
+    assert peer.line() == "SENT"
+    assert [n.name for n in wait_notifies(h, 1)] == ["queued"]
+    assert len(got) == 3
+    # A callback that calls back into the engine, and one that tries to
+    # finalize it (refused: it would deadlock).
+    answers = []
+
+    def reentrant(n):
+        answers.append(h.get_notifies())
+        try:
+            h.finalize()
+        except hixl.HixlError as e:
+            answers.append(e.code_name)
+
+    h.set_notify_callback(reentrant)
+    peer.say("SEND %s re x" % h.local_engine())
+    assert peer.line() == "SENT"
+    deadline = time.time() + 10
+    while len(answers) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert answers == [[], "FAILED"]
+    # Finalize while the callback is busy: it waits for the callback, no deadlock.
+    busy = threading.Event()
+
+    def slow(n):
+        busy.set()
+        time.sleep(0.3)
+
+    h.set_notify_callback(slow)
+    peer.say("SEND %s slow x" % h.local_engine())
+    assert peer.line() == "SENT"
+    assert busy.wait(10)
+    t0 = time.time()
+    h.finalize()
+    assert time.time() - t0 < 5
+    assert peer.close() == 0
+
+
+def test_finalize_at_exit_with_a_busy_callback(tmp_path):
+    # An engine left alive with a callback in flight when the interpreter exits.
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import threading, time, hixl\n"
+        "rx = hixl.Hixl(); rx.initialize('127.0.0.1:0')\n"
+        "tx = hixl.Hixl(); tx.initialize('127.0.0.1'); tx.connect(rx.local_engine())\n"
+        "busy = threading.Event()\n"
+        "def cb(n):\n"
+        "    busy.set(); time.sleep(0.3)\n"
+        "rx.set_notify_callback(cb)\n"
+        "tx.send_notify(rx.local_engine(), 'x')\n"
+        "assert busy.wait(10)\n"
+        "print('exiting', flush=True)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exiting"
+
+
+# ---------------------------------------------------------------- cancel, deadlines
+
+def test_cancel_transfer_to_a_stopped_peer(peer_factory):
+    size = 64 << 20                             # more than the sockets buffer
+    peer = peer_factory("engine", size)
+    engine, addr, _ = peer.line().split()
+    addr = int(addr)
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1", {hixl.options.LINK_TYPE: "TCP"})
+    h.connect(engine, timeout_ms=5000)
+    src = pattern(size, 21)
+    desc = [(int(src.ctypes.data), addr, size)]
+    with pytest.raises(hixl.HixlError) as ei:
+        h.cancel_transfer(123456)               # unknown request
+    assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID)
+    # A request that ended first: cancelling it changes nothing.
+    req = h.transfer_async(engine, hixl.TransferOp.WRITE, [(int(src.ctypes.data), addr, 4096)])
+    time.sleep(0.5)
+    h.cancel_transfer(req)
+    assert h.get_transfer_status(req) == hixl.TransferStatus.COMPLETED
+
+    def stopped_for(seconds):
+        os.kill(peer.p.pid, signal.SIGSTOP)
+        t = threading.Timer(seconds, os.kill, (peer.p.pid, signal.SIGCONT))
+        t.start()
+        return t
+
+    # Cancelled while the peer cannot answer: CANCELLED once it has stopped.
+    cont = stopped_for(0.5)
+    try:
+        req = h.transfer_async(engine, hixl.TransferOp.WRITE, desc)
+        time.sleep(0.05)
+        assert h.get_transfer_status(req) == hixl.TransferStatus.WAITING
+        h.cancel_transfer(req)
+        st, code, msg = h.get_transfer_status(req, with_reason=True)
+        assert st == hixl.TransferStatus.CANCELLED, msg
+        assert code == int(hixl.StatusCode.CANCELLED) and "cancel" in msg
+        with pytest.raises(hixl.HixlError):
+            h.get_transfer_status(req)          # released once its end was reported
+    finally:
+        cont.join()
+    # An async deadline: TIMEOUT.
+    cont = stopped_for(0.5)
+    try:
+        req = h.transfer_async(engine, hixl.TransferOp.WRITE, desc, timeout_ms=100)
+        deadline = time.time() + 20
+        st = h.get_transfer_status(req, with_reason=True)
+        while st[0] == hixl.TransferStatus.WAITING and time.time() < deadline:
+            time.sleep(0.005)
+            st = h.get_transfer_status(req, with_reason=True)
+        assert st[0] == hixl.TransferStatus.TIMEOUT, st
+        assert st[1] == int(hixl.StatusCode.TIMEOUT)
+    finally:
+        cont.join()
+    # The link still works.
+    h.transfer_sync(engine, hixl.TransferOp.WRITE, desc, timeout_ms=30000)
+    peer.say("CHECK %d 21" % size)
+    assert peer.line() == "OK"
+    assert hixl.StatusCode(9).name == "CANCELLED"
+    h.finalize()
+    assert peer.close() == 0
+
+
+# ---------------------------------------------------------------- connects, generations
+
+def test_connect_async_and_generations(peer_factory):
+    peer = peer_factory("engine", 1 << 20)
+    engine, addr, size = peer.line().split()
+    addr, size = int(addr), int(size)
+    peer.say("GEN")
+    peer_gen = int(peer.line())
+    h = hixl.Hixl()
+    assert h.generation() == 0                  # not initialized
+    h.initialize("127.0.0.1", {hixl.options.HEARTBEAT_INTERVAL_MS: "200",
+                               hixl.options.HEARTBEAT_MISSES: "5",
+                               hixl.options.CONNECT_TIMEOUT_MS: "3000",
+                               hixl.options.MAX_PEERS: "4",
+                               hixl.options.AUTO_CONNECT: "0"})
+    assert h.generation() != 0
+    assert h.get_connect_status(engine) == hixl.ConnectStatus.NOT_CONNECTED
+    h.connect_async(engine, timeout_ms=5000)
+    deadline = time.time() + 10
+    while h.get_connect_status(engine) != hixl.ConnectStatus.CONNECTED and time.time() < deadline:
+        time.sleep(0.005)
+    assert h.get_connect_status(engine, with_reason=True)[0] == hixl.ConnectStatus.CONNECTED
+    with pytest.raises(hixl.HixlError) as ei:
+        h.connect_async(engine)
+    assert ei.value.code == int(hixl.StatusCode.ALREADY_CONNECTED)
+    assert h.get_peer_generation(engine) == peer_gen
+    dst = np.zeros(size, dtype=np.uint8)
+    local = hixl.address_of(dst, True)[0]
+    h.transfer_sync(engine, hixl.TransferOp.READ, [(local, addr, size)], remote_generation=peer_gen)
+    assert np.array_equal(dst, pattern(size, 2))
+    with pytest.raises(hixl.HixlError) as ei:
+        h.transfer_sync(engine, hixl.TransferOp.READ, [(local, addr, size)], remote_generation=peer_gen + 1)
+    assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID) and "restarted" in str(ei.value)
+    with pytest.raises(hixl.HixlError) as ei:
+        h.transfer_async(engine, hixl.TransferOp.READ, [(local, addr, size)], remote_generation=peer_gen + 1)
+    assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID)
+    # A failed async connect says why.
+    dead = hixl.Hixl()
+    dead.initialize("127.0.0.1:0")
+    dead_addr = dead.local_engine()
+    dead.finalize()
+    h.connect_async(dead_addr, timeout_ms=1000)
+    deadline = time.time() + 10
+    st = h.get_connect_status(dead_addr, with_reason=True)
+    while st[0] == hixl.ConnectStatus.CONNECTING and time.time() < deadline:
+        time.sleep(0.005)
+        st = h.get_connect_status(dead_addr, with_reason=True)
+    assert st[0] == hixl.ConnectStatus.FAILED and st[1] != 0, st
+    with pytest.raises(hixl.HixlError) as ei:
+        h.get_peer_generation(dead_addr)
+    assert ei.value.code == int(hixl.StatusCode.NOT_CONNECTED)
+    # The peer dies: the heartbeat notices, the link is gone.
+    peer.kill()
+    deadline = time.time() + 10
+    while h.get_connect_status(engine) == hixl.ConnectStatus.CONNECTED and time.time() < deadline:
+        time.sleep(0.01)
+    assert h.get_connect_status(engine) == hixl.ConnectStatus.NOT_CONNECTED
+    h.finalize()
+
+
+def test_option_keys():
+    keys = {k: getattr(hixl.options, k) for k in dir(hixl.options) if k.isupper()}
+    assert keys["NOTIFY_QUEUE_DEPTH"] == "NotifyQueueDepth"
+    assert {"HEARTBEAT_INTERVAL_MS", "HEARTBEAT_MISSES", "AUTO_CONNECT", "CONNECT_TIMEOUT_MS",
+            "MAX_PEERS", "PEERS_LOW_WATER", "NOTIFY_QUEUE_DEPTH", "LINK_TYPE", "TCP_LANES"} <= set(keys)
+    with pytest.raises(hixl.HixlError) as ei:
+        hixl.Hixl().initialize("127.0.0.1", {hixl.options.NOTIFY_QUEUE_DEPTH: "0"})
+    assert ei.value.code == int(hixl.StatusCode.PARAM_INVALID)
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1", {hixl.options.MAX_PEERS: "8", hixl.options.PEERS_LOW_WATER: "2"})
+    h.finalize()

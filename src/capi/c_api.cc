@@ -13,15 +13,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/net.h"
 #include "hixl/hixl.h"
@@ -35,6 +36,9 @@ static_assert(HIXL_NOTIFY_FAILED == static_cast<int>(hixl::StatusCode::kNotifyFa
 static_assert(HIXL_UNSUPPORTED == static_cast<int>(hixl::StatusCode::kUnsupported));
 static_assert(HIXL_RESOURCE_EXHAUSTED == static_cast<int>(hixl::StatusCode::kResourceExhausted));
 static_assert(HIXL_FAILED == static_cast<int>(hixl::StatusCode::kFailed));
+static_assert(HIXL_CANCELLED == static_cast<int>(hixl::StatusCode::kCancelled));
+static_assert(HIXL_MAX_NOTIFY_LEN == hixl::kMaxNotifyNameLen);
+static_assert(HIXL_MAX_NOTIFY_LEN == hixl::kMaxNotifyMsgLen);
 static_assert(HIXL_MEM_PERM_READ == hixl::MEM_PERM_READ);
 static_assert(HIXL_MEM_PERM_WRITE == hixl::MEM_PERM_WRITE);
 
@@ -55,8 +59,13 @@ struct HixlEngineObj {
   std::set<std::string> connected;
   std::set<HixlMemHandleObj*> handles;
   std::set<struct RequestImpl*> requests;
-  std::map<uintptr_t, size_t> allocs;               // hixlAllocMemory: start -> size
-  std::map<hixl::MemHandle, int> registrations;     // RegisterMem handle -> C handles using it
+  std::map<uintptr_t, size_t> allocs;            // hixlAllocMemory: start -> size
+  std::map<hixl::MemHandle, int> registrations;  // RegisterMem handle -> C handles using it
+
+  // hixlGetNotifies: notifications taken from the engine (whose GetNotifies
+  // hands out everything) but not yet handed to the caller, oldest first.
+  std::mutex notify_mu;
+  std::deque<hixl::NotifyDesc> notifies;
 };
 
 struct HixlMemHandleObj {
@@ -65,6 +74,7 @@ struct HixlMemHandleObj {
   bool alloc_backed = false;       // inside hixlAllocMemory memory (not deregistered)
   hixl::MemHandle cxx = 0;
   std::string engine_addr;  // the engine whose memory this is
+  uint64_t generation = 0;  // that engine's generation (0: not known, not checked)
   uint64_t addr = 0;
   uint64_t len = 0;
   uint32_t perms = 0;
@@ -151,15 +161,43 @@ std::string JoinHostPort(const std::string& ip, int64_t port) {
   return ip + ":" + std::to_string(port);
 }
 
-// The C++ engine option keys a config (or GLOBAL_RESOURCE_CONFIG) may carry.
+// The C++ engine option keys a config (or GLOBAL_RESOURCE_CONFIG) may carry:
+// every key of hixl::options (keep in step with hixl.h; the C API tests try
+// each one).
 const std::set<std::string>& EngineOptionKeys() {
   static const std::set<std::string> keys = {
-      hixl::options::kLinkType,          hixl::options::kCopyThreads,
-      hixl::options::kEnableUseFabricMem, hixl::options::kDeregisterTimeoutMs,
-      hixl::options::kHandshakeTimeoutMs, hixl::options::kTcpLanes,
-      hixl::options::kTcpSliceSize,       hixl::options::kTcpIoThreads,
+      hixl::options::kLinkType,
+      hixl::options::kCopyThreads,
+      hixl::options::kEnableUseFabricMem,
+      hixl::options::kDeregisterTimeoutMs,
+      hixl::options::kHandshakeTimeoutMs,
+      hixl::options::kTcpLanes,
+      hixl::options::kTcpSliceSize,
+      hixl::options::kTcpIoThreads,
+      hixl::options::kHeartbeatIntervalMs,
+      hixl::options::kHeartbeatMisses,
+      hixl::options::kAutoConnect,
+      hixl::options::kConnectTimeoutMs,
+      hixl::options::kMaxPeers,
+      hixl::options::kPeersLowWater,
+      hixl::options::kNotifyQueueDepth,
   };
   return keys;
+}
+static_assert(std::string_view(HIXL_OPTION_CONNECT_TIMEOUT_MS) == hixl::options::kConnectTimeoutMs);
+static_assert(std::string_view(HIXL_OPTION_HEARTBEAT_INTERVAL_MS) ==
+              hixl::options::kHeartbeatIntervalMs);
+static_assert(std::string_view(HIXL_OPTION_HEARTBEAT_MISSES) == hixl::options::kHeartbeatMisses);
+static_assert(std::string_view(HIXL_OPTION_MAX_PEERS) == hixl::options::kMaxPeers);
+static_assert(std::string_view(HIXL_OPTION_PEERS_LOW_WATER) == hixl::options::kPeersLowWater);
+static_assert(std::string_view(HIXL_OPTION_NOTIFY_QUEUE_DEPTH) == hixl::options::kNotifyQueueDepth);
+
+// Canonical "ip:port" of an engine address (the engine's own peer key), or
+// the string itself when it does not parse.
+std::string Canon(const std::string& remote) {
+  hixl::net::HostPort hp;
+  if (hixl::net::ParseHostPort(remote, hp).ok() && hp.port > 0) return hp.ToString();
+  return remote;
 }
 
 // FNV-1a 64 of a string: the serialized handle's checksum.
@@ -172,11 +210,14 @@ uint64_t Fnv1a(const std::string& s) {
   return h;
 }
 
-constexpr char kHandlePrefix[] = "hixl-mem1;";
+// Format tag: hixl-mem2 added the owner's generation (g=); other tags
+// (hixl-mem1 included) are refused.
+constexpr char kHandlePrefix[] = "hixl-mem2;";
 
 std::string SerializeFields(const HixlMemHandleObj& m) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, ";a=%" PRIx64 ";l=%" PRIu64 ";p=%u", m.addr, m.len, m.perms);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ";g=%" PRIu64 ";a=%" PRIx64 ";l=%" PRIu64 ";p=%u", m.generation,
+                m.addr, m.len, m.perms);
   std::string body = std::string(kHandlePrefix) + "e=" + m.engine_addr + buf;
   char sum[32];
   std::snprintf(sum, sizeof sum, ";c=%016" PRIx64, Fnv1a(body));
@@ -188,10 +229,27 @@ bool ParseHexU64(const std::string& s, uint64_t& out) {
   uint64_t v = 0;
   for (char c : s) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  out = v;
+  return true;
+}
+
+// Decimal uint64 without sign or leading zeros ("0" itself is fine).
+bool ParseDecU64(const std::string& s, uint64_t& out) {
+  if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
   }
   out = v;
   return true;
@@ -203,7 +261,12 @@ hixl::Status ParseHandle(const std::string& s, HixlMemHandleObj& m) {
     return hixl::Status::ParamInvalid("memory handle string is invalid (" + why + ")");
   };
   if (s.size() > 512) return bad("too long");
-  if (s.compare(0, sizeof(kHandlePrefix) - 1, kHandlePrefix) != 0) return bad("wrong prefix");
+  if (s.compare(0, sizeof(kHandlePrefix) - 1, kHandlePrefix) != 0) {
+    return bad(
+        s.compare(0, 9, "hixl-mem1") == 0
+            ? "format hixl-mem1 of an older hixl: serialize the handle again with this version"
+            : "wrong prefix (expected hixl-mem2)");
+  }
   size_t cpos = s.rfind(";c=");
   if (cpos == std::string::npos) return bad("no checksum");
   uint64_t sum = 0;
@@ -211,27 +274,29 @@ hixl::Status ParseHandle(const std::string& s, HixlMemHandleObj& m) {
   if (sum_text.size() != 16 || !ParseHexU64(sum_text, sum)) return bad("malformed checksum");
   std::string body = s.substr(0, cpos);
   if (Fnv1a(body) != sum) return bad("checksum mismatch: truncated or altered");
-  // body: prefix e=ENGINE;a=HEX;l=DEC;p=DEC
+  // body: prefix e=ENGINE;g=DEC;a=HEX;l=DEC;p=DEC
   std::vector<std::string> parts;
   size_t start = sizeof(kHandlePrefix) - 1;
   for (;;) {
     size_t semi = body.find(';', start);
-    parts.push_back(body.substr(start, semi == std::string::npos ? std::string::npos : semi - start));
+    parts.push_back(
+        body.substr(start, semi == std::string::npos ? std::string::npos : semi - start));
     if (semi == std::string::npos) break;
     start = semi + 1;
   }
-  if (parts.size() != 4) return bad("expected 4 fields");
-  const char* names[] = {"e=", "a=", "l=", "p="};
-  for (size_t i = 0; i < 4; ++i) {
+  if (parts.size() != 5) return bad("expected 5 fields");
+  const char* names[] = {"e=", "g=", "a=", "l=", "p="};
+  for (size_t i = 0; i < 5; ++i) {
     if (parts[i].compare(0, 2, names[i]) != 0) return bad(std::string("missing ") + names[i]);
     parts[i] = parts[i].substr(2);
   }
   hixl::net::HostPort hp;
   if (!hixl::net::ParseHostPort(parts[0], hp).ok() || hp.port <= 0) return bad("engine address");
   int64_t len = 0, perms = 0;
-  if (!ParseHexU64(parts[1], m.addr) || m.addr == 0) return bad("address");
-  if (!ParseInt64(parts[2], 1, INT64_MAX, len) || parts[2][0] == '-') return bad("length");
-  if (!ParseInt64(parts[3], 1, 3, perms)) return bad("permissions");
+  if (!ParseDecU64(parts[1], m.generation)) return bad("generation");
+  if (!ParseHexU64(parts[2], m.addr) || m.addr == 0) return bad("address");
+  if (!ParseInt64(parts[3], 1, INT64_MAX, len) || parts[3][0] == '-') return bad("length");
+  if (!ParseInt64(parts[4], 1, 3, perms)) return bad("permissions");
   if (m.addr + static_cast<uint64_t>(len) < m.addr) return bad("region wraps around");
   m.engine_addr = hp.ToString();
   m.len = static_cast<uint64_t>(len);
@@ -239,15 +304,28 @@ hixl::Status ParseHandle(const std::string& s, HixlMemHandleObj& m) {
   return hixl::Status::Ok();
 }
 
+// True when the engine holds a live link to addr (it drops links whose peer
+// closed or stopped answering heartbeats).
+bool Linked(HixlEngineObj* e, const std::string& addr) {
+  uint64_t generation = 0;
+  return e->engine.GetPeerGeneration(addr, generation).ok();
+}
+
+bool Known(HixlEngineObj* e, const std::string& addr) {
+  std::lock_guard<std::mutex> l(e->mu);
+  return e->connected.count(addr) != 0;
+}
+
+// Connects to addr unless a live link exists. A link this layer made that the
+// engine has since dropped (the peer went away) is replaced by a new one.
 hixl::Status EnsureConnected(HixlEngineObj* e, const std::string& addr) {
-  {
-    std::lock_guard<std::mutex> l(e->mu);
-    if (e->connected.count(addr) != 0) return hixl::Status::Ok();
-  }
+  if (Known(e, addr) && Linked(e, addr)) return hixl::Status::Ok();
   std::lock_guard<std::mutex> serial(e->connect_mu);
-  {
+  if (Known(e, addr)) {
+    if (Linked(e, addr)) return hixl::Status::Ok();
+    (void)e->engine.Disconnect(addr, 100);  // whatever is left of the dead link
     std::lock_guard<std::mutex> l(e->mu);
-    if (e->connected.count(addr) != 0) return hixl::Status::Ok();
+    e->connected.erase(addr);
   }
   hixl::Status s = e->engine.Connect(addr, e->connect_timeout_ms);
   if (!s.ok() && s.code() != hixl::StatusCode::kAlreadyConnected) return s;
@@ -294,14 +372,15 @@ void RefreshLocked(RequestImpl* r) {
     return;
   }
   switch (st) {
-    case hixl::TransferStatus::WAITING:
-      return;
-    case hixl::TransferStatus::COMPLETED:
-      r->final_status = HIXL_SUCCESS;
-      return;
+    case hixl::TransferStatus::WAITING: return;
+    case hixl::TransferStatus::COMPLETED: r->final_status = HIXL_SUCCESS; return;
     case hixl::TransferStatus::TIMEOUT:
       r->final_status = HIXL_TIMEOUT;
       r->reason = reason.ok() ? "TIMEOUT: the transfer timed out" : reason.ToString();
+      return;
+    case hixl::TransferStatus::CANCELLED:
+      r->final_status = HIXL_CANCELLED;
+      r->reason = reason.ok() ? "CANCELLED: the request was cancelled" : reason.ToString();
       return;
     case hixl::TransferStatus::FAILED:
     default:
@@ -316,15 +395,61 @@ void DeleteRequest(RequestImpl* r) {
   delete r;
 }
 
+// Checks a notification's name (NUL-terminated, at most HIXL_MAX_NOTIFY_LEN
+// bytes) and message (NULL only with length 0) and builds it.
+HixlStatus MakeNotify(const char* name, const void* msg, size_t msg_len, hixl::NotifyDesc& out) {
+  if (name == nullptr) return Invalid("notification name is NULL");
+  const size_t name_len = strnlen(name, HIXL_MAX_NOTIFY_LEN + 1);
+  if (name_len > HIXL_MAX_NOTIFY_LEN) {
+    return Invalid("notification name is longer than HIXL_MAX_NOTIFY_LEN (" +
+                   std::to_string(HIXL_MAX_NOTIFY_LEN) + ") bytes");
+  }
+  if (msg == nullptr && msg_len != 0)
+    return Invalid("notification message is NULL but its length is not 0");
+  if (msg_len > HIXL_MAX_NOTIFY_LEN) {
+    return Invalid("notification message is " + std::to_string(msg_len) +
+                   " bytes; at most HIXL_MAX_NOTIFY_LEN (" + std::to_string(HIXL_MAX_NOTIFY_LEN) +
+                   ")");
+  }
+  out.name.assign(name, name_len);
+  out.notify_msg.assign(static_cast<const char*>(msg), msg_len);  // (nullptr, 0) is fine
+  out.from.clear();
+  return HIXL_SUCCESS;
+}
+
 HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
-                    size_t count, bool async, HixlRequest* request) {
+                    size_t count, const HixlTransferOptions* options, bool async,
+                    HixlRequest* request) {
   auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
   if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
   if (op != HIXL_OP_READ && op != HIXL_OP_WRITE) return Invalid("unknown transfer op");
   if (descs == nullptr || count == 0) return Invalid("no descriptors (NULL or count 0)");
   if (async && request == nullptr) return Invalid("request output pointer is NULL");
+  hixl::TransferArgs args;
+  int32_t sync_timeout_ms = e->transfer_timeout_ms;
+  if (options != nullptr) {
+    if (options->timeout_ms < 0)
+      return Invalid("options->timeout_ms must be >= 0 (0: the default)");
+    if (async) {
+      args.timeout_ms = options->timeout_ms;
+    } else if (options->timeout_ms > 0) {
+      sync_timeout_ms = options->timeout_ms;
+    }
+    if (options->notify_name != nullptr) {
+      hixl::NotifyDesc n;
+      if (HixlStatus st =
+              MakeNotify(options->notify_name, options->notify_msg, options->notify_msg_len, n);
+          st != HIXL_SUCCESS) {
+        return st;
+      }
+      args.notify = std::move(n);
+    } else if (options->notify_msg != nullptr || options->notify_msg_len != 0) {
+      return Invalid("options->notify_msg is set but notify_name is NULL");
+    }
+  }
   const uint32_t need = op == HIXL_OP_WRITE ? HIXL_MEM_PERM_WRITE : HIXL_MEM_PERM_READ;
   std::string remote;
+  uint64_t generation = 0;
   std::vector<hixl::TransferOpDesc> cxx;
   cxx.reserve(count);
   for (size_t i = 0; i < count; ++i) {
@@ -349,12 +474,20 @@ HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc
     }
     if (remote.empty()) {
       remote = m->engine_addr;
+      generation = m->generation;
     } else if (remote != m->engine_addr) {
       return Invalid(at + "all descriptors of a batch must name the same remote engine");
+    } else if (generation != m->generation) {
+      return Invalid(at + "the batch's handles come from different incarnations (generations " +
+                     std::to_string(generation) + " and " + std::to_string(m->generation) +
+                     ") of engine " + remote + ": it restarted; use handles of its current one");
     }
     cxx.push_back({reinterpret_cast<uintptr_t>(d.local),
                    static_cast<uintptr_t>(m->addr + d.remote_offset), d.size});
   }
+  // Every transfer names the incarnation its handles came from: addresses of
+  // an engine that since restarted on the same address are refused.
+  args.remote_generation = generation;
   const auto cop = op == HIXL_OP_WRITE ? hixl::TransferOp::WRITE : hixl::TransferOp::READ;
   hixl::TransferReq req = 0;
   hixl::Status s;
@@ -362,13 +495,16 @@ HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc
     s = EnsureConnected(e, remote);
     if (!s.ok()) return FromCxx(s);
     if (async) {
-      hixl::TransferArgs args;
       s = e->engine.TransferAsync(remote, cop, cxx, args, req);
     } else {
-      s = e->engine.TransferSync(remote, cop, cxx, e->transfer_timeout_ms);
+      s = e->engine.TransferSync(remote, cop, cxx, args, sync_timeout_ms);
     }
     if (s.code() != hixl::StatusCode::kNotConnected) break;
-    ForgetConnection(e, remote);  // the peer went away: reconnect once
+    // The peer went away (maybe restarted): reconnect once. Not for a blocking
+    // transfer with a notification, which may have lost its link after the
+    // data moved: doing it again could deliver the notification twice.
+    if (!async && args.notify) break;
+    ForgetConnection(e, remote);
   }
   if (!s.ok()) return FromCxx(s);
   if (request != nullptr) {
@@ -381,7 +517,7 @@ HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc
 HixlStatus Single(HixlEngine engine, HixlTransferOp op, const void* local, size_t size,
                   HixlMemHandle remote, uint64_t off, bool async, HixlRequest* request) {
   HixlTransferDesc d{const_cast<void*>(local), remote, off, size};
-  return Transfer(engine, op, &d, 1, async, request);
+  return Transfer(engine, op, &d, 1, nullptr, async, request);
 }
 
 }  // namespace
@@ -399,6 +535,7 @@ const char* hixlGetErrorString(HixlStatus status) {
     case HIXL_UNSUPPORTED: return "UNSUPPORTED: not possible with this build, link or peer";
     case HIXL_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED: a limit was reached";
     case HIXL_FAILED: return "FAILED: the operation failed";
+    case HIXL_CANCELLED: return "CANCELLED: the request was cancelled";
     case HIXL_IN_PROGRESS: return "IN_PROGRESS: the request has not finished";
   }
   return "UNKNOWN: not a hixl status code";
@@ -437,8 +574,10 @@ HixlStatus hixlConfigSetString(HixlConfig config, const char* key, const char* v
     if (!ParseInt64(v, 1, 65535, n)) return bad("a port 1..65535");
     c->c_opts[k] = std::to_string(n);
   } else if (k == HIXL_OPTION_CONNECT_TIMEOUT_MS) {
+    // Both this layer's connects and the engine's own (AutoConnect).
     if (!ParseInt64(v, 1, 3600000, n)) return bad("milliseconds 1..3600000");
     c->c_opts[k] = std::to_string(n);
+    c->engine_opts[k] = std::to_string(n);
   } else if (k == HIXL_OPTION_TRANSFER_TIMEOUT_MS) {
     if (!ParseInt64(v, 0, INT32_MAX, n)) return bad("milliseconds 0..2147483647 (0: no limit)");
     c->c_opts[k] = std::to_string(n);
@@ -463,12 +602,17 @@ HixlStatus hixlConfigSetString(HixlConfig config, const char* key, const char* v
       } else if (val.is_number_integer()) {
         parsed[it.key()] = std::to_string(val.get<int64_t>());
       } else if (val.is_boolean()) {
-        parsed[it.key()] = val.get<bool>() ? "1" : "0";
+        parsed[it.key()].assign(val.get<bool>() ? "1" : "0", 1);
       } else {
         return bad("string, integer or boolean values; '" + it.key() + "' is not");
       }
     }
+    auto ct = parsed.find(HIXL_OPTION_CONNECT_TIMEOUT_MS);
+    if (ct != parsed.end() && !ParseInt64(ct->second, 1, 3600000, n)) {
+      return bad(std::string(HIXL_OPTION_CONNECT_TIMEOUT_MS) + " in milliseconds 1..3600000");
+    }
     for (auto& [pk, pv] : parsed) c->engine_opts[pk] = pv;
+    if (ct != parsed.end()) c->c_opts[HIXL_OPTION_CONNECT_TIMEOUT_MS] = std::to_string(n);
   } else if (EngineOptionKeys().count(k) != 0) {
     if (v.empty()) return bad("a value");
     c->engine_opts[k] = v;  // checked by hixlCreateEngine (Initialize)
@@ -515,7 +659,8 @@ HixlStatus hixlCreateEngine(HixlConfig config, HixlEngine* engine) {
   std::string local = port.empty() ? ip : JoinHostPort(ip, std::stoll(port));
   std::string rip = get(HIXL_OPTION_REMOTE_IP), rport = get(HIXL_OPTION_REMOTE_PORT);
   if (rip.empty() != rport.empty()) {
-    return Invalid("set both " HIXL_OPTION_REMOTE_IP " and " HIXL_OPTION_REMOTE_PORT ", or neither");
+    return Invalid("set both " HIXL_OPTION_REMOTE_IP " and " HIXL_OPTION_REMOTE_PORT
+                   ", or neither");
   }
   auto e = std::make_unique<HixlEngineObj>();
   if (!get(HIXL_OPTION_CONNECT_TIMEOUT_MS).empty()) {
@@ -587,7 +732,7 @@ HixlStatus hixlConnect(HixlEngine engine, const char* remote, int32_t timeout_ms
   hixl::Status s = e->engine.Connect(remote, timeout_ms);
   if (s.ok()) {
     std::lock_guard<std::mutex> l(e->mu);
-    e->connected.insert(remote);
+    e->connected.insert(Canon(remote));
   }
   return FromCxx(s);
 }
@@ -599,7 +744,7 @@ HixlStatus hixlDisconnect(HixlEngine engine, const char* remote, int32_t timeout
   hixl::Status s = e->engine.Disconnect(remote, timeout_ms);
   {
     std::lock_guard<std::mutex> l(e->mu);
-    e->connected.erase(remote);
+    e->connected.erase(Canon(remote));
   }
   return FromCxx(s);
 }
@@ -647,6 +792,7 @@ HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32
   hixl::net::HostPort hp;
   if (hixl::net::ParseHostPort(e->local, hp).ok() && hp.port > 0) {
     m->engine_addr = e->local;
+    m->generation = e->engine.Generation();
     m->serialized = SerializeFields(*m);
   }
   HixlMemHandleObj* raw = m.release();
@@ -713,7 +859,8 @@ HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr) {
   {
     std::lock_guard<std::mutex> l(e->mu);
     auto it = e->allocs.find(start);
-    if (it == e->allocs.end()) return Invalid("ptr was not returned by hixlAllocMemory of this engine");
+    if (it == e->allocs.end())
+      return Invalid("ptr was not returned by hixlAllocMemory of this engine");
     size = it->second;
   }
   if (hixl::Status s = e->engine.FreeMem(ptr); !s.ok()) return FromCxx(s);
@@ -775,6 +922,19 @@ size_t hixlMemHandleGetSize(HixlMemHandle handle) {
   return static_cast<size_t>(m->len);
 }
 
+const char* hixlMemHandleGetEngine(HixlMemHandle handle) {
+  auto* m = Lookup<HixlMemHandleObj>(handle, Kind::kMem);
+  if (m == nullptr) {
+    Invalid("memory handle is NULL or not live");
+    return nullptr;
+  }
+  if (m->engine_addr.empty()) {
+    Invalid("the handle's engine is client-only (no LOCAL_PORT): it has no address peers reach");
+    return nullptr;
+  }
+  return m->engine_addr.c_str();
+}
+
 // ---------------------------------------------------------------- transfers
 
 HixlStatus hixlWriteRemote(HixlEngine engine, const void* local, size_t size, HixlMemHandle remote,
@@ -786,7 +946,8 @@ HixlStatus hixlReadRemote(HixlEngine engine, void* local, size_t size, HixlMemHa
   return Single(engine, HIXL_OP_READ, local, size, remote, remote_offset, false, request);
 }
 HixlStatus hixlWriteRemoteAsync(HixlEngine engine, const void* local, size_t size,
-                                HixlMemHandle remote, uint64_t remote_offset, HixlRequest* request) {
+                                HixlMemHandle remote, uint64_t remote_offset,
+                                HixlRequest* request) {
   return Single(engine, HIXL_OP_WRITE, local, size, remote, remote_offset, true, request);
 }
 HixlStatus hixlReadRemoteAsync(HixlEngine engine, void* local, size_t size, HixlMemHandle remote,
@@ -795,12 +956,17 @@ HixlStatus hixlReadRemoteAsync(HixlEngine engine, void* local, size_t size, Hixl
 }
 HixlStatus hixlTransferBatch(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
                              size_t count, HixlRequest* request) {
-  return Transfer(engine, op, descs, count, false, request);
+  return Transfer(engine, op, descs, count, nullptr, false, request);
 }
 HixlStatus hixlTransferBatchAsync(HixlEngine engine, HixlTransferOp op,
                                   const HixlTransferDesc* descs, size_t count,
                                   HixlRequest* request) {
-  return Transfer(engine, op, descs, count, true, request);
+  return Transfer(engine, op, descs, count, nullptr, true, request);
+}
+HixlStatus hixlTransferBatchEx(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
+                               size_t count, const HixlTransferOptions* options, int async,
+                               HixlRequest* request) {
+  return Transfer(engine, op, descs, count, options, async != 0, request);
 }
 
 HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request) {
@@ -818,7 +984,8 @@ HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request) {
 }
 
 HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeout_ms) {
-  if (timeout_ms < HIXL_WAIT_FOREVER) return Invalid("timeout_ms must be >= 0 or HIXL_WAIT_FOREVER");
+  if (timeout_ms < HIXL_WAIT_FOREVER)
+    return Invalid("timeout_ms must be >= 0 or HIXL_WAIT_FOREVER");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int64_t sleep_us = 10;
   for (;;) {
@@ -831,6 +998,85 @@ HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeo
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min<int64_t>(sleep_us * 2, 1000);
   }
+}
+
+HixlStatus hixlCancelRequest(HixlEngine engine, HixlRequest request) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  auto* r = Lookup<RequestImpl>(request, Kind::kRequest);
+  if (r == nullptr) return Invalid("request is NULL, destroyed or not a request handle");
+  // r->mu is held throughout: the engine forgets a request once its end was
+  // reported, so no poll may slip in between the check and the cancel. The
+  // cancel itself is bounded (see hixl.h).
+  std::lock_guard<std::mutex> l(r->mu);
+  if (r->engine != e) return Invalid("request belongs to another engine");
+  RefreshLocked(r);
+  if (r->final_status != HIXL_IN_PROGRESS) return HIXL_SUCCESS;  // already ended: unchanged
+  hixl::Status s = e->engine.CancelTransfer(r->cxx);
+  if (!s.ok()) return FromCxx(s);
+  RefreshLocked(r);
+  if (r->final_status == HIXL_IN_PROGRESS) {
+    // CancelTransfer returns once the request stopped; never seen, but never
+    // leave a request running behind a successful cancel either.
+    return Fail(HIXL_FAILED, "FAILED: the request still runs after CancelTransfer returned");
+  }
+  return HIXL_SUCCESS;
+}
+
+// ---------------------------------------------------------------- notifications
+
+HixlStatus hixlSendNotify(HixlEngine engine, const char* remote, const char* name, const void* msg,
+                          size_t msg_len, int32_t timeout_ms) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (remote == nullptr) return Invalid("remote engine address is NULL");
+  hixl::net::HostPort hp;
+  if (!hixl::net::ParseHostPort(remote, hp).ok() || hp.port <= 0) {
+    return Invalid(std::string("remote engine address '") + remote + "' is not \"ip:port\"");
+  }
+  if (timeout_ms <= 0) return Invalid("timeout_ms must be > 0");
+  hixl::NotifyDesc n;
+  if (HixlStatus st = MakeNotify(name, msg, msg_len, n); st != HIXL_SUCCESS) return st;
+  const std::string to = hp.ToString();
+  // No second attempt after a lost link: the notification may have arrived.
+  hixl::Status s = EnsureConnected(e, to);
+  if (s.ok()) s = e->engine.SendNotify(to, n, timeout_ms);
+  return FromCxx(s);
+}
+
+HixlStatus hixlGetNotifies(HixlEngine engine, HixlNotify* out, size_t capacity, size_t* count) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (out == nullptr) return Invalid("out is NULL");
+  if (capacity == 0) return Invalid("capacity is 0");
+  if (count == nullptr) return Invalid("count output pointer is NULL");
+  std::lock_guard<std::mutex> l(e->notify_mu);
+  if (e->notifies.size() < capacity) {
+    // Take what the engine holds only when ours cannot fill out: what waits
+    // here no longer counts against the sender's NotifyQueueDepth.
+    std::vector<hixl::NotifyDesc> got;
+    if (hixl::Status s = e->engine.GetNotifies(got); !s.ok()) return FromCxx(s);
+    for (auto& d : got) e->notifies.push_back(std::move(d));
+  }
+  size_t n = 0;
+  while (n < capacity && !e->notifies.empty()) {
+    const hixl::NotifyDesc& d = e->notifies.front();
+    HixlNotify& o = out[n];
+    // Lengths were checked by the sender's and this engine's decoders; clamp anyway.
+    o.name_len = std::min<size_t>(d.name.size(), HIXL_MAX_NOTIFY_LEN);
+    std::memcpy(o.name, d.name.data(), o.name_len);
+    o.name[o.name_len] = '\0';
+    o.msg_len = std::min<size_t>(d.notify_msg.size(), HIXL_MAX_NOTIFY_LEN);
+    std::memcpy(o.msg, d.notify_msg.data(), o.msg_len);
+    o.msg[o.msg_len] = '\0';
+    const size_t from_len = std::min(d.from.size(), sizeof(o.from) - 1);
+    std::memcpy(o.from, d.from.data(), from_len);
+    o.from[from_len] = '\0';
+    e->notifies.pop_front();
+    ++n;
+  }
+  *count = n;
+  return HIXL_SUCCESS;
 }
 
 HixlStatus hixlDestroyRequest(HixlRequest request) {

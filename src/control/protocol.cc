@@ -8,8 +8,8 @@ namespace {
 wire::Msg EncodeRegions(const std::vector<RegionDesc>& regions) {
   wire::Msg arr = wire::Msg::array();
   for (const auto& r : regions) {
-    arr.push_back({{"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms},
-                   {"fd", r.shareable}});
+    arr.push_back(
+        {{"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms}, {"fd", r.shareable}});
   }
   return arr;
 }
@@ -40,8 +40,8 @@ Status DecodeIdentity(const wire::Msg& m, uint32_t& version, std::string& engine
                       std::string& host, int64_t& pid) {
   if (!wire::GetU32(m, "v", version)) return Status::ParamInvalid("missing protocol version");
   if (version != kProtocolVersion) {
-    return Status::Unsupported("protocol version " + std::to_string(version) + " (this build speaks " +
-                               std::to_string(kProtocolVersion) + ")");
+    return Status::Unsupported("protocol version " + std::to_string(version) +
+                               " (this build speaks " + std::to_string(kProtocolVersion) + ")");
   }
   if (!wire::GetStr(m, "engine", engine, kMaxEngineName) || !wire::GetU64(m, "gen", gen) ||
       gen == 0 || !wire::GetStr(m, "host", host, 512) || !wire::GetI64(m, "pid", pid) || pid <= 0) {
@@ -59,9 +59,23 @@ std::string TypeOf(const wire::Msg& m) {
 }
 
 wire::Msg EncodeHello(const Hello& h) {
-  return {{"t", "hello"}, {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
-          {"host", h.host}, {"pid", h.pid}};
+  return {{"t", "hello"},   {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
+          {"host", h.host}, {"pid", h.pid},   {"hb", h.hb_ms}};
 }
+
+namespace {
+// The optional heartbeat interval; absent means the default.
+Status DecodeHeartbeatMs(const wire::Msg& m, uint32_t& out) {
+  out = kDefaultHeartbeatMs;
+  if (m.find("hb") == m.end()) return Status::Ok();
+  uint32_t v = 0;
+  if (!wire::GetU32(m, "hb", v) || v < kMinHeartbeatMs || v > kMaxHeartbeatMs) {
+    return Status::ParamInvalid("malformed heartbeat interval");
+  }
+  out = v;
+  return Status::Ok();
+}
+}  // namespace
 
 Status DecodeHello(const wire::Msg& m, Hello& out) {
   if (TypeOf(m) != "hello") return Status::ParamInvalid("expected hello");
@@ -69,14 +83,17 @@ Status DecodeHello(const wire::Msg& m, Hello& out) {
   if (Status s = DecodeIdentity(m, h.version, h.engine, h.generation, h.host, h.pid); !s.ok()) {
     return s;
   }
+  if (Status s = DecodeHeartbeatMs(m, h.hb_ms); !s.ok()) return s;
   out = std::move(h);
   return Status::Ok();
 }
 
 wire::Msg EncodeWelcome(const Welcome& w) {
-  return {{"t", "welcome"},   {"v", w.version}, {"engine", w.engine},
-          {"gen", w.generation}, {"host", w.host}, {"pid", w.pid},
-          {"regions", EncodeRegions(w.regions)}, {"tp", w.transports}};
+  return {{"t", "welcome"},     {"v", w.version},
+          {"engine", w.engine}, {"gen", w.generation},
+          {"host", w.host},     {"pid", w.pid},
+          {"hb", w.hb_ms},      {"regions", EncodeRegions(w.regions)},
+          {"tp", w.transports}};
 }
 
 Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
@@ -85,6 +102,7 @@ Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
   if (Status s = DecodeIdentity(m, w.version, w.engine, w.generation, w.host, w.pid); !s.ok()) {
     return s;
   }
+  if (Status s = DecodeHeartbeatMs(m, w.hb_ms); !s.ok()) return s;
   if (Status s = DecodeRegions(m, w.regions); !s.ok()) return s;
   auto tp = m.find("tp");
   if (tp == m.end() || !tp->is_object() || tp->size() > 16) {
@@ -133,6 +151,45 @@ Status DecodeRegionDelAck(const wire::Msg& m, uint64_t& seq) {
   if (!wire::GetU64(m, "seq", seq)) return Status::ParamInvalid("malformed rdel_ack");
   return Status::Ok();
 }
+
+namespace {
+bool GetBytes(const wire::Msg& m, const char* key, std::string& out, size_t max_len) {
+  auto it = m.find(key);
+  if (it == m.end() || !it->is_binary() || it->get_binary().size() > max_len) return false;
+  const auto& b = it->get_binary();
+  out.assign(b.begin(), b.end());
+  return true;
+}
+wire::Msg Bytes(const std::string& s) {
+  return wire::Msg::binary(std::vector<uint8_t>(s.begin(), s.end()));
+}
+}  // namespace
+
+wire::Msg EncodeNotify(uint64_t seq, const std::string& name, const std::string& msg) {
+  return {{"t", "notify"}, {"seq", seq}, {"n", Bytes(name)}, {"m", Bytes(msg)}};
+}
+
+Status DecodeNotify(const wire::Msg& m, uint64_t& seq, std::string& name, std::string& msg) {
+  if (!wire::GetU64(m, "seq", seq) || !GetBytes(m, "n", name, kMaxNotifyField) ||
+      !GetBytes(m, "m", msg, kMaxNotifyField)) {
+    return Status::ParamInvalid("malformed notify");
+  }
+  return Status::Ok();
+}
+
+wire::Msg EncodeNotifyAck(uint64_t seq, uint32_t code, const std::string& why) {
+  return {{"t", "nack"}, {"seq", seq}, {"code", code}, {"why", why}};
+}
+
+Status DecodeNotifyAck(const wire::Msg& m, uint64_t& seq, uint32_t& code, std::string& why) {
+  if (!wire::GetU64(m, "seq", seq) || !wire::GetU32(m, "code", code) || code > 64 ||
+      !wire::GetStr(m, "why", why, 1024)) {
+    return Status::ParamInvalid("malformed nack");
+  }
+  return Status::Ok();
+}
+
+wire::Msg EncodeHeartbeat() { return {{"t", "hb"}}; }
 
 wire::Msg EncodeBye() { return {{"t", "bye"}}; }
 

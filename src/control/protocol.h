@@ -1,11 +1,17 @@
 // The control protocol between engines (over the listener's TCP socket).
 //
-//   initiator -> target: hello    {v, engine, gen, host, pid}
-//   target -> initiator: welcome  {v, engine, gen, host, pid, regions[], tp{name: info}}
+//   initiator -> target: hello    {v, engine, gen, host, pid, hb}
+//   target -> initiator: welcome  {v, engine, gen, host, pid, hb, regions[], tp{name: info}}
+// hb: the sender's heartbeat interval (ms, optional, default 1000). A link
+// beats at the smaller of the two: each side sends `hb` when it has sent
+// nothing for that long, and gives the peer up after its own miss count.
 //                     or reject   {reason}
 //   target -> initiator: radd     {regions[]}         regions registered later
 //   target -> initiator: rdel     {seq, ids[]}        regions being removed
 //   initiator -> target: rdel_ack {seq}               no transfer uses them any more
+//   initiator -> target: notify   {seq, n, m}         a notification (n, m: bytes)
+//   target -> initiator: nack      {seq, code, why}    notify answered: queued (code 0) or refused
+//   either way:          hb       {}                  heartbeat, sent when a link is otherwise idle
 //   either way:          bye      {}
 //
 // A region is {id, addr, len, perm, fd}; fd=true means shareable memory the
@@ -26,6 +32,9 @@ namespace hixl::control {
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxRegionsPerMessage = 1u << 20;
 inline constexpr size_t kMaxEngineName = 256;
+inline constexpr uint32_t kDefaultHeartbeatMs = 1000;
+inline constexpr uint32_t kMinHeartbeatMs = 10;
+inline constexpr uint32_t kMaxHeartbeatMs = 600000;
 
 struct RegionDesc {
   uint64_t id = 0;
@@ -41,6 +50,7 @@ struct Hello {
   uint64_t generation = 0;
   std::string host;
   int64_t pid = 0;
+  uint32_t hb_ms = kDefaultHeartbeatMs;
 };
 
 struct Welcome {
@@ -49,6 +59,7 @@ struct Welcome {
   uint64_t generation = 0;
   std::string host;
   int64_t pid = 0;
+  uint32_t hb_ms = kDefaultHeartbeatMs;
   std::vector<RegionDesc> regions;
   wire::Msg transports = wire::Msg::object();
 };
@@ -74,6 +85,15 @@ Status DecodeRegionDel(const wire::Msg& m, uint64_t& seq, std::vector<uint64_t>&
 wire::Msg EncodeRegionDelAck(uint64_t seq);
 Status DecodeRegionDelAck(const wire::Msg& m, uint64_t& seq);
 
+inline constexpr size_t kMaxNotifyField = 1024;
+wire::Msg EncodeNotify(uint64_t seq, const std::string& name, const std::string& msg);
+Status DecodeNotify(const wire::Msg& m, uint64_t& seq, std::string& name, std::string& msg);
+
+// code is a StatusCode value; 0 = queued.
+wire::Msg EncodeNotifyAck(uint64_t seq, uint32_t code, const std::string& why);
+Status DecodeNotifyAck(const wire::Msg& m, uint64_t& seq, uint32_t& code, std::string& why);
+
+wire::Msg EncodeHeartbeat();
 wire::Msg EncodeBye();
 
 }  // namespace hixl::control

@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 
 #include "common/host.h"
@@ -37,11 +40,25 @@ control::RegionDesc ToDesc(const memory::LocalRegion& r) {
 
 constexpr int kIdleTickMs = 50;
 constexpr int kBusyTickMs = 1;
+constexpr int kFinalizeDrainMs = 5000;  // Finalize lets pieces on the wire land this long
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(net::Clock::now().time_since_epoch())
+      .count();
+}
+
+// Canonical "ip:port" of a remote engine string, or the string itself.
+std::string PeerKey(const std::string& remote) {
+  net::HostPort hp;
+  if (net::ParseHostPort(remote, hp).ok() && hp.port > 0) return hp.ToString();
+  return remote;
+}
 
 }  // namespace
 
 Status Hixl::Impl::ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
   Options o;
+  bool low_water_set = false;
   for (const auto& [key, value] : in) {
     int64_t v = 0;
     auto bad = [&](const std::string& expect) {
@@ -55,8 +72,9 @@ Status Hixl::Impl::ParseOptions(const std::map<std::string, std::string>& in, Op
       } else if (value == "TCP") {
         o.link = LinkType::TCP;
       } else if (value == "UCX" || value == "RDMA") {
-        return Status::Unsupported("option " + key + "='" + value +
-                                   "': this build has no such transport (available: AUTO, SHM, TCP)");
+        return Status::Unsupported(
+            "option " + key + "='" + value +
+            "': this build has no such transport (available: AUTO, SHM, TCP)");
       } else {
         return bad("AUTO, SHM, HCCS or TCP");
       }
@@ -81,8 +99,41 @@ Status Hixl::Impl::ParseOptions(const std::map<std::string, std::string>& in, Op
     } else if (key == options::kTcpIoThreads) {
       if (!ParseInt(value, 1, 16, v)) return bad("an integer 1..16");
       o.tcp_io_threads = static_cast<int>(v);
+    } else if (key == options::kHeartbeatIntervalMs) {
+      if (!ParseInt(value, 10, 600000, v)) return bad("milliseconds 10..600000");
+      o.hb_interval_ms = static_cast<int>(v);
+    } else if (key == options::kHeartbeatMisses) {
+      if (!ParseInt(value, 1, 1000, v)) return bad("an integer 1..1000");
+      o.hb_misses = static_cast<int>(v);
+    } else if (key == options::kAutoConnect) {
+      if (value != "0" && value != "1") return bad("0 or 1");
+      o.auto_connect = value == "1";
+    } else if (key == options::kConnectTimeoutMs) {
+      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
+      o.connect_timeout_ms = static_cast<int>(v);
+    } else if (key == options::kMaxPeers) {
+      if (!ParseInt(value, 0, 1000000, v)) return bad("an integer 0..1000000");
+      o.max_peers = static_cast<size_t>(v);
+    } else if (key == options::kPeersLowWater) {
+      if (!ParseInt(value, 0, 1000000, v)) return bad("an integer 0..1000000");
+      o.low_water = static_cast<size_t>(v);
+      low_water_set = true;
+    } else if (key == options::kNotifyQueueDepth) {
+      if (!ParseInt(value, 1, 1 << 20, v)) return bad("an integer 1..1048576");
+      o.notify_depth = static_cast<size_t>(v);
     } else {
       return Status::ParamInvalid("unknown option '" + key + "'");
+    }
+  }
+  if (low_water_set && o.max_peers == 0) {
+    return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater + " needs " +
+                                options::kMaxPeers);
+  }
+  if (o.max_peers > 0) {
+    if (!low_water_set) o.low_water = o.max_peers * 3 / 4;
+    if (o.low_water >= o.max_peers) {
+      return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater +
+                                  " must be below " + options::kMaxPeers);
     }
   }
   out = o;
@@ -136,7 +187,9 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
     }
     transports_.push_back(std::move(t));
   }
-  loop_.SetTicker([this] { OnTick(); }, kIdleTickMs);
+  idle_tick_ms_ = std::clamp(opts_.hb_interval_ms / 4, 5, kIdleTickMs);
+  notify_stop_ = false;
+  loop_.SetTicker([this] { OnTick(); }, idle_tick_ms_);
   Status s = loop_.Start("hixl-ctrl");
   if (s.ok() && listening_) {
     int lfd = listen_fd_.get();
@@ -156,6 +209,17 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
 
 void Hixl::Impl::Finalize() {
   if (!initialized_.exchange(false)) return;
+  // 0. Connect attempts under way end (each is bounded by its timeout).
+  {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(connect_mu_);
+      threads.swap(connect_threads_);
+    }
+    for (auto& t : threads) t.join();
+    std::lock_guard<std::mutex> lock(connect_mu_);
+    attempts_.clear();
+  }
   // 1. Every unfinished request stops and ends FAILED.
   {
     std::lock_guard<std::mutex> lock(req_mu_);
@@ -166,9 +230,10 @@ void Hixl::Impl::Finalize() {
     std::lock_guard<std::mutex> lock(peers_mu_);
     peers.swap(peers_);
   }
+  const auto drain_until = net::DeadlineAfterMs(kFinalizeDrainMs);
   for (auto& [name, p] : peers) {
     p->alive.store(false);
-    p->channel->Close();
+    p->channel->Close(drain_until);
   }
   // 2. Copy threads finish what is queued (each part stops at once) and exit.
   copy_pool_.Stop();
@@ -179,8 +244,21 @@ void Hixl::Impl::Finalize() {
     }
   });
   loop_.Stop();
+  // The loop is stopped: its state is ours now.
+  FailPendingNotifies(0, Status::Failed("engine was finalized"));
   conns_.clear();
   revokes_.clear();
+  {
+    NotifyCallback old;  // destroyed after the lock is released
+    std::lock_guard<std::mutex> lock(notify_mu_);
+    notify_stop_ = true;
+    notify_q_.clear();
+    notify_counts_.clear();
+    old = std::move(notify_cb_);
+    notify_cb_ = nullptr;
+  }
+  notify_cv_.notify_all();
+  if (notify_thread_.joinable()) notify_thread_.join();
   for (auto& t : transports_) t->Stop();
   transports_.clear();
   listen_fd_.Reset();
@@ -205,7 +283,8 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
                                uint32_t perms) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (type == MemType::MEM_DEVICE) {
-    return Status::Unsupported("device memory needs a build with CUDA; this build has host memory only");
+    return Status::Unsupported(
+        "device memory needs a build with CUDA; this build has host memory only");
   }
   if (type != MemType::MEM_HOST) return Status::ParamInvalid("unknown memory type");
   if (mem.addr == 0) return Status::ParamInvalid("RegisterMem: address is null");
@@ -259,7 +338,8 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
   Alloc a;
   void* p = nullptr;
   if (opts_.fabric_mem) {
-    if (Status s = transport::shm::AllocShareable(size, a.memfd, p, a.mapped_len); !s.ok()) return s;
+    if (Status s = transport::shm::AllocShareable(size, a.memfd, p, a.mapped_len); !s.ok())
+      return s;
   } else {
     a.mapped_len = (size + 4095) / 4096 * 4096;
     p = mmap(nullptr, a.mapped_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -295,7 +375,8 @@ Status Hixl::Impl::FreeMem(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(alloc_mu_);
     auto it = allocs_.find(ptr);
-    if (it == allocs_.end()) return Status::ParamInvalid("FreeMem: pointer did not come from AllocMem");
+    if (it == allocs_.end())
+      return Status::ParamInvalid("FreeMem: pointer did not come from AllocMem");
     a = it->second;
     allocs_.erase(it);
   }
@@ -400,6 +481,7 @@ Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, ne
   h.generation = generation_;
   h.host = host::HostIdentity();
   h.pid = getpid();
+  h.hb_ms = static_cast<uint32_t>(opts_.hb_interval_ms);
   auto frame = wire::EncodeFrame(control::EncodeHello(h));
   if (Status s = net::WriteFull(fd.get(), frame.data(), frame.size(), deadline); !s.ok()) return s;
   uint8_t hdr[wire::kFrameHeaderSize];
@@ -445,8 +527,8 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   }
   if (!peer->channel) {
     return Status::Unsupported("no transport can reach " + name + " (LinkType " +
-                               LinkTypeName(opts_.link) + "): " +
-                               (reasons.empty() ? "no transport available" : reasons));
+                               LinkTypeName(opts_.link) +
+                               "): " + (reasons.empty() ? "no transport available" : reasons));
   }
   AddRemoteRegions(*peer, w.regions);
   out = std::move(peer);
@@ -466,6 +548,52 @@ void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionD
   }
 }
 
+std::shared_ptr<const void> Hixl::Impl::ActiveToken(const std::shared_ptr<Peer>& p) {
+  return std::shared_ptr<const void>(p.get(), [p](const void*) {
+    p->last_used.store(NowNs(), std::memory_order_relaxed);
+    p->active.fetch_sub(1, std::memory_order_acq_rel);
+  });
+}
+
+Status Hixl::Impl::MakeRoomLocked(std::vector<std::shared_ptr<Peer>>& evicted) {
+  if (opts_.max_peers == 0 || peers_.size() + connecting_.size() < opts_.max_peers) {
+    return Status::Ok();
+  }
+  std::vector<std::shared_ptr<Peer>> idle;
+  for (const auto& [name, p] : peers_) {
+    if (p->active.load(std::memory_order_acquire) == 0) idle.push_back(p);
+  }
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) {
+    return a->last_used.load(std::memory_order_relaxed) <
+           b->last_used.load(std::memory_order_relaxed);
+  });
+  for (auto& p : idle) {
+    if (peers_.size() + connecting_.size() <= opts_.low_water) break;
+    peers_.erase(p->name);
+    p->alive.store(false, std::memory_order_release);
+    evicted.push_back(std::move(p));
+  }
+  if (peers_.size() + connecting_.size() >= opts_.max_peers) {
+    return Status::ResourceExhausted("MaxPeers (" + std::to_string(opts_.max_peers) +
+                                     ") links exist and every one has transfers in flight");
+  }
+  return Status::Ok();
+}
+
+void Hixl::Impl::DropPeer(const std::shared_ptr<Peer>& peer, net::Deadline drain_until,
+                          const std::string& why) {
+  peer->alive.store(false, std::memory_order_release);
+  peer->channel->Close(drain_until);
+  loop_.Post([this, peer, why] {
+    uint64_t id = peer->conn_id.load(std::memory_order_acquire);
+    auto it = conns_.find(id);
+    if (it != conns_.end() && it->second->peer == peer) {
+      Send(*it->second, control::EncodeBye());
+      CloseConn(id, why, true);
+    }
+  });
+}
+
 Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (timeout_ms <= 0) return Status::ParamInvalid("Connect: timeout_ms must be > 0");
@@ -473,13 +601,26 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (Status s = net::ParseHostPort(remote, hp); !s.ok()) return s;
   if (hp.port <= 0) return Status::ParamInvalid("Connect: '" + remote + "' names no port");
   const std::string key = hp.ToString();
+  std::vector<std::shared_ptr<Peer>> evicted;
+  Status room;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
+    if (auto it = peers_.find(key);
+        it != peers_.end() && !it->second->alive.load(std::memory_order_acquire)) {
+      peers_.erase(it);  // a link being torn down (its peer is gone): make a new one
+    }
     if (peers_.count(key) != 0 || connecting_.count(key) != 0) {
       return Status::AlreadyConnected("already connected (or connecting) to " + key);
     }
-    connecting_.insert(key);
+    room = MakeRoomLocked(evicted);
+    if (room.ok()) connecting_.insert(key);
   }
+  for (auto& p : evicted) {
+    HIXL_LOG(INFO) << "evicting idle link to " << p->name << " (MaxPeers " << opts_.max_peers
+                   << ")";
+    DropPeer(p, net::Clock::now(), "evicted (idle, MaxPeers reached)");
+  }
+  if (!room.ok()) return Status(room.code(), "Connect to " + key + ": " + room.message());
   auto deadline = net::DeadlineAfterMs(timeout_ms);
   net::Fd fd;
   control::Welcome w;
@@ -500,95 +641,208 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   c->established = true;
   c->peer_name = key;
   c->peer = peer;
+  c->hb_ms = LinkHeartbeatMs(w.hb_ms);
+  peer->last_used.store(NowNs(), std::memory_order_relaxed);
   // The loop owns the connection from here; conn ids are loop-assigned.
   auto holder = std::make_shared<std::unique_ptr<Conn>>(std::move(c));
   if (!loop_.Post([this, holder] { AddConn(std::move(*holder)); })) {
     return Status::Failed("engine is shutting down");
   }
   peers_[key] = peer;
-  HIXL_LOG(INFO) << "connected to " << key << " over "
-                 << LinkTypeName(peer->channel->link_type()) << ", " << peer->regions.size()
-                 << " regions";
+  HIXL_LOG(INFO) << "connected to " << key << " over " << LinkTypeName(peer->channel->link_type())
+                 << ", " << peer->regions.size() << " regions (generation " << w.generation << ")";
   return Status::Ok();
 }
 
-Status Hixl::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
-  (void)timeout_ms;  // nothing here waits on the peer
+Status Hixl::Impl::ConnectAsync(const std::string& remote, int32_t timeout_ms) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
-  std::shared_ptr<Peer> peer;
+  if (timeout_ms <= 0) return Status::ParamInvalid("ConnectAsync: timeout_ms must be > 0");
+  net::HostPort hp;
+  if (Status s = net::ParseHostPort(remote, hp); !s.ok()) return s;
+  if (hp.port <= 0) return Status::ParamInvalid("ConnectAsync: '" + remote + "' names no port");
+  const std::string key = hp.ToString();
   {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    auto it = peers_.find(remote);
-    if (it == peers_.end()) {
-      net::HostPort hp;
-      if (net::ParseHostPort(remote, hp).ok()) it = peers_.find(hp.ToString());
+    std::lock_guard<std::mutex> plock(peers_mu_);
+    if (peers_.count(key) != 0 || connecting_.count(key) != 0) {
+      return Status::AlreadyConnected("already connected (or connecting) to " + key);
     }
-    if (it == peers_.end()) return Status::NotConnected("not connected to " + remote);
-    peer = it->second;
-    peers_.erase(it);
   }
-  peer->alive.store(false);
-  peer->channel->Close();
-  loop_.Post([this, peer] {
-    for (auto& [id, c] : conns_) {
-      if (c->peer == peer) {
-        Send(*c, control::EncodeBye());
-        CloseConn(id, "disconnected", true);
-        break;
-      }
+  std::lock_guard<std::mutex> lock(connect_mu_);
+  auto it = attempts_.find(key);
+  if (it != attempts_.end() && it->second.state == ConnectStatus::CONNECTING) {
+    return Status::AlreadyConnected("a connect to " + key + " is under way");
+  }
+  attempts_[key] = ConnectAttempt{};
+  connect_threads_.emplace_back([this, key, timeout_ms] {
+    Status s = Connect(key, timeout_ms);
+    std::lock_guard<std::mutex> l(connect_mu_);
+    auto a = attempts_.find(key);
+    if (a == attempts_.end()) return;
+    if (s.ok()) {
+      attempts_.erase(a);  // the link itself tells from now on
+    } else {
+      a->second.state = ConnectStatus::FAILED;
+      a->second.reason = s;
     }
   });
   return Status::Ok();
 }
 
+Status Hixl::Impl::GetConnectStatus(const std::string& remote, ConnectStatus& status,
+                                    Status* reason) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  const std::string key = PeerKey(remote);
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = peers_.find(key);
+    if (it != peers_.end() && it->second->alive.load(std::memory_order_acquire)) {
+      status = ConnectStatus::CONNECTED;
+      if (reason) *reason = Status::Ok();
+      return Status::Ok();
+    }
+  }
+  std::lock_guard<std::mutex> lock(connect_mu_);
+  auto it = attempts_.find(key);
+  status = it == attempts_.end() ? ConnectStatus::NOT_CONNECTED : it->second.state;
+  if (reason) *reason = it == attempts_.end() ? Status::Ok() : it->second.reason;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (timeout_ms < 0) return Status::ParamInvalid("Disconnect: timeout_ms must be >= 0");
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = peers_.find(PeerKey(remote));
+    if (it == peers_.end()) return Status::NotConnected("not connected to " + remote);
+    peer = it->second;
+    peers_.erase(it);
+  }
+  DropPeer(peer, net::DeadlineAfterMs(timeout_ms), "disconnected");
+  return Status::Ok();
+}
+
 Status Hixl::Impl::GetLinkType(const std::string& remote, LinkType& type) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
   auto p = FindPeer(remote);
   if (!p) return Status::NotConnected("not connected to " + remote);
   type = p->channel->link_type();
   return Status::Ok();
 }
 
+Status Hixl::Impl::GetPeerGeneration(const std::string& remote, uint64_t& generation) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  auto p = FindPeer(remote);
+  if (!p) return Status::NotConnected("not connected to " + remote);
+  generation = p->generation;
+  return Status::Ok();
+}
+
 std::shared_ptr<Hixl::Impl::Peer> Hixl::Impl::FindPeer(const std::string& remote) const {
   std::lock_guard<std::mutex> lock(peers_mu_);
-  auto it = peers_.find(remote);
-  if (it != peers_.end()) return it->second;
-  net::HostPort hp;
-  if (!net::ParseHostPort(remote, hp).ok()) return nullptr;
-  it = peers_.find(hp.ToString());
-  return it == peers_.end() ? nullptr : it->second;
+  auto it = peers_.find(PeerKey(remote));
+  if (it == peers_.end() || !it->second->alive.load(std::memory_order_acquire)) return nullptr;
+  return it->second;
+}
+
+Status Hixl::Impl::AcquirePeer(const std::string& remote, net::Deadline deadline,
+                               std::shared_ptr<Peer>& out) {
+  const std::string key = PeerKey(remote);
+  const auto give_up = std::min(deadline, net::DeadlineAfterMs(opts_.connect_timeout_ms));
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(peers_mu_);
+      auto it = peers_.find(key);
+      if (it != peers_.end() && it->second->alive.load(std::memory_order_acquire)) {
+        out = it->second;
+        out->active.fetch_add(1, std::memory_order_acq_rel);
+        out->last_used.store(NowNs(), std::memory_order_relaxed);
+        return Status::Ok();
+      }
+    }
+    if (!opts_.auto_connect) {
+      return Status::NotConnected("not connected to " + remote + " (call Connect first)");
+    }
+    auto now = net::Clock::now();
+    if (now >= give_up)
+      return Status::Timeout("AutoConnect to " + remote + " did not finish in time");
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now).count();
+    Status s = Connect(remote, static_cast<int32_t>(std::clamp<int64_t>(ms, 1, INT32_MAX)));
+    if (s.code() == StatusCode::kAlreadyConnected) {
+      // Another thread is connecting: wait for it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else if (!s.ok()) {
+      return Status(s.code(), "AutoConnect: " + s.message());
+    }
+  }
 }
 
 // ---------------------------------------------------------------- transfers
 
 Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
-                           const std::vector<TransferOpDesc>& descs, net::Deadline deadline,
-                           std::shared_ptr<Peer>& peer, std::shared_ptr<transport::Transfer>& t) {
+                           const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                           net::Deadline deadline, std::shared_ptr<Peer>& peer,
+                           std::shared_ptr<transport::Transfer>& t) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (op != TransferOp::READ && op != TransferOp::WRITE) {
     return Status::ParamInvalid("unknown transfer op");
   }
-  peer = FindPeer(remote);
-  if (!peer || !peer->alive.load(std::memory_order_acquire)) {
-    return Status::NotConnected("not connected to " + remote + " (call Connect first)");
+  if (args.timeout_ms < 0) return Status::ParamInvalid("TransferArgs.timeout_ms must be >= 0");
+  if (args.notify) {
+    if (args.notify->name.size() > kMaxNotifyNameLen ||
+        args.notify->notify_msg.size() > kMaxNotifyMsgLen) {
+      return Status::ParamInvalid("notification name and message are limited to 1024 bytes each");
+    }
+  }
+  if (Status s = AcquirePeer(remote, deadline, peer); !s.ok()) return s;
+  auto token = ActiveToken(peer);  // released with the transfer (or on failure here)
+  if (args.remote_generation != 0 && args.remote_generation != peer->generation) {
+    return Status::ParamInvalid(
+        "transfer to " + remote + " refused: it names generation " +
+        std::to_string(args.remote_generation) + " but the peer now runs generation " +
+        std::to_string(peer->generation) + " (it restarted; its old addresses are stale)");
   }
   std::vector<memory::Slice> slices;
   std::vector<memory::RegionRef> pins;
   if (Status s = peer->regions.Resolve(op, descs, slices, pins); !s.ok()) {
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
-  t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline, peer);
+  t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline,
+                                            std::move(token));
+  if (args.notify) {
+    NotifyDesc d = *args.notify;
+    std::weak_ptr<Peer> wp = peer;
+    t->SetThen([this, wp, d, deadline](std::shared_ptr<transport::Transfer> tr) {
+      auto p = wp.lock();
+      if (!p) {
+        tr->Finish(
+            Status::NotConnected("the data was written; the link closed before the notification"));
+        return;
+      }
+      PostNotify(p, d, deadline, [tr](Status s) {
+        if (!s.ok())
+          s = Status(s.code(),
+                     "the data was written but the notification was not delivered: " + s.message());
+        tr->Finish(std::move(s));
+      });
+    });
+  }
   return Status::Ok();
 }
 
 Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
-                                const std::vector<TransferOpDesc>& descs, int32_t timeout_ms) {
-  auto deadline = net::DeadlineAfterMs(timeout_ms);
+                                const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                                int32_t timeout_ms) {
+  auto deadline = timeout_ms > 0 ? net::DeadlineAfterMs(timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
   std::shared_ptr<transport::Transfer> t;
-  if (Status s = Resolve(remote, op, descs, deadline, peer, t); !s.ok()) return s;
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, t); !s.ok()) return s;
   peer->channel->Submit(t, /*caller_waits=*/true);
   if (!t->WaitDone(deadline)) {
     // Stop every part and wait until they have: after TIMEOUT no byte moves.
+    // (Bounded: pieces on the wire are answered, or the peer is declared
+    // dead by the heartbeat and the link abandoned.)
     t->RequestStop(Status::Timeout("TransferSync to " + remote + " exceeded " +
                                    std::to_string(timeout_ms) + " ms"));
     t->WaitDone(net::Deadline::max());
@@ -599,15 +853,17 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
 Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
                                  const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                                  TransferReq& req) {
-  (void)args;
+  auto deadline =
+      args.timeout_ms > 0 ? net::DeadlineAfterMs(args.timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
   std::shared_ptr<transport::Transfer> t;
-  if (Status s = Resolve(remote, op, descs, net::Deadline::max(), peer, t); !s.ok()) return s;
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, t); !s.ok()) return s;
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(req_mu_);
     id = next_req_++;
     reqs_[id] = t;
+    if (deadline != net::Deadline::max()) ++deadline_reqs_;
   }
   peer->channel->Submit(t, /*caller_waits=*/false);
   req = id;
@@ -624,11 +880,138 @@ Status Hixl::Impl::GetTransferStatus(TransferReq req, TransferStatus& status, St
                                   " (never issued, or already reported as ended)");
     }
     t = it->second;
-    if (t->Done()) reqs_.erase(it);  // single use: released once its end is reported
+    if (t->Done()) {  // single use: released once its end is reported
+      if (t->deadline != net::Deadline::max()) --deadline_reqs_;
+      reqs_.erase(it);
+    }
   }
   status = t->state();
   if (reason != nullptr) *reason = t->reason();
   return Status::Ok();
+}
+
+Status Hixl::Impl::CancelTransfer(TransferReq req) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  std::shared_ptr<transport::Transfer> t;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    auto it = reqs_.find(req);
+    if (it == reqs_.end()) {
+      return Status::ParamInvalid("unknown TransferReq " + std::to_string(req) +
+                                  " (never issued, or already reported as ended)");
+    }
+    t = it->second;
+  }
+  t->RequestStop(Status::Cancelled("request " + std::to_string(req) + " was cancelled"));
+  t->WaitDone(net::Deadline::max());  // bounded like a TIMEOUT (see TransferSync)
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- notifications
+
+Status Hixl::Impl::SendNotify(const std::string& remote, const NotifyDesc& notify,
+                              int32_t timeout_ms) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  if (timeout_ms <= 0) return Status::ParamInvalid("SendNotify: timeout_ms must be > 0");
+  if (notify.name.size() > kMaxNotifyNameLen || notify.notify_msg.size() > kMaxNotifyMsgLen) {
+    return Status::ParamInvalid("SendNotify: name and message are limited to 1024 bytes each");
+  }
+  auto deadline = net::DeadlineAfterMs(timeout_ms);
+  std::shared_ptr<Peer> peer;
+  if (Status s = AcquirePeer(remote, deadline, peer); !s.ok()) return s;
+  auto token = ActiveToken(peer);
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+  };
+  auto w = std::make_shared<Wait>();
+  PostNotify(peer, notify, deadline, [w](Status s) {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->done = true;
+    w->status = std::move(s);
+    w->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(w->mu);
+  // The loop answers by the deadline; the margin only guards a stalled loop.
+  if (!w->cv.wait_until(lock, deadline + std::chrono::seconds(2), [&] { return w->done; })) {
+    return Status::Timeout("SendNotify to " + remote + ": no answer in " +
+                           std::to_string(timeout_ms) + " ms");
+  }
+  return w->status;
+}
+
+void Hixl::Impl::PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d,
+                            net::Deadline deadline, std::function<void(Status)> done) {
+  auto holder = std::make_shared<std::function<void(Status)>>(std::move(done));
+  bool posted = loop_.Post([this, peer, d, deadline, holder] {
+    uint64_t id = peer->conn_id.load(std::memory_order_acquire);
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second->peer != peer || !peer->alive.load()) {
+      (*holder)(Status::NotConnected("link to " + peer->name + " was lost"));
+      return;
+    }
+    uint64_t seq = next_notify_seq_++;
+    pending_notifies_[seq] = PendingNotify{id, deadline, std::move(*holder)};
+    Send(*it->second, control::EncodeNotify(seq, d.name, d.notify_msg));
+  });
+  if (!posted) (*holder)(Status::Failed("engine is shutting down"));
+}
+
+void Hixl::Impl::FailPendingNotifies(uint64_t conn_id, const Status& why) {
+  std::vector<std::function<void(Status)>> fail;
+  for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
+    if (conn_id == 0 || it->second.conn_id == conn_id) {
+      fail.push_back(std::move(it->second.done));
+      it = pending_notifies_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& f : fail) f(why);
+}
+
+Status Hixl::Impl::GetNotifies(std::vector<NotifyDesc>& out) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(notify_mu_);
+  while (!notify_q_.empty()) {
+    out.push_back(std::move(notify_q_.front().second));
+    notify_q_.pop_front();
+  }
+  notify_counts_.clear();
+  return Status::Ok();
+}
+
+Status Hixl::Impl::SetNotifyCallback(NotifyCallback cb) {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  NotifyCallback old;  // destroyed after the lock is released (it may need locks of its own)
+  {
+    std::lock_guard<std::mutex> lock(notify_mu_);
+    old = std::move(notify_cb_);
+    notify_cb_ = std::move(cb);
+    if (notify_cb_ && !notify_thread_.joinable())
+      notify_thread_ = std::thread([this] { NotifyThread(); });
+  }
+  notify_cv_.notify_all();
+  return Status::Ok();
+}
+
+void Hixl::Impl::NotifyThread() {
+  std::unique_lock<std::mutex> lock(notify_mu_);
+  for (;;) {
+    notify_cv_.wait(lock, [this] { return notify_stop_ || (notify_cb_ && !notify_q_.empty()); });
+    if (notify_stop_) return;
+    auto [conn, d] = std::move(notify_q_.front());
+    notify_q_.pop_front();
+    auto c = notify_counts_.find(conn);
+    if (c != notify_counts_.end() && --c->second == 0) notify_counts_.erase(c);
+    NotifyCallback cb = notify_cb_;
+    lock.unlock();
+    cb(d);
+    cb = nullptr;  // released before the lock is taken again
+    lock.lock();
+  }
 }
 
 // ---------------------------------------------------------------- control plane (loop thread)
@@ -655,6 +1038,9 @@ void Hixl::Impl::AddConn(std::unique_ptr<Conn> c) {
   c->id = id;
   c->loop_id = loop_.Add(c->fd.get(), EPOLLIN | EPOLLRDHUP,
                          [this, id](uint32_t ev) { OnConnEvent(id, ev); });
+  c->last_rx = c->last_tx = net::Clock::now();
+  if (c->peer) c->peer->conn_id.store(id, std::memory_order_release);
+  if (c->established) TightenTick(c->hb_ms);
   conns_[id] = std::move(c);
 }
 
@@ -671,6 +1057,7 @@ void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
   for (;;) {
     ssize_t r = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (r > 0) {
+      c.last_rx = net::Clock::now();
       c.reader.Append(buf, static_cast<size_t>(r));
       if (static_cast<size_t>(r) < sizeof(buf)) break;
       continue;
@@ -698,6 +1085,7 @@ void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
 }
 
 void Hixl::Impl::Send(Conn& c, const wire::Msg& m) {
+  c.last_tx = net::Clock::now();
   c.outq.push_back(wire::EncodeFrame(m));
   if (c.outq.size() == 1) FlushOut(c);
 }
@@ -705,8 +1093,8 @@ void Hixl::Impl::Send(Conn& c, const wire::Msg& m) {
 bool Hixl::Impl::FlushOut(Conn& c) {
   while (!c.outq.empty()) {
     auto& f = c.outq.front();
-    ssize_t r = ::send(c.fd.get(), f.data() + c.out_off, f.size() - c.out_off,
-                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t r =
+        ::send(c.fd.get(), f.data() + c.out_off, f.size() - c.out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -737,6 +1125,9 @@ Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
   w.generation = generation_;
   w.host = host::HostIdentity();
   w.pid = getpid();
+  w.hb_ms = static_cast<uint32_t>(opts_.hb_interval_ms);
+  c.hb_ms = LinkHeartbeatMs(h.hb_ms);
+  TightenTick(c.hb_ms);
   for (const auto& r : regions_.Snapshot()) w.regions.push_back(ToDesc(r));
   for (auto& t : transports_) {
     wire::Msg info;
@@ -756,16 +1147,19 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     if (type != "hello") return Status::ParamInvalid("expected hello, got '" + type + "'");
     return HandleHello(c, m);
   }
+  if (type == "hb") return Status::Ok();  // arrival itself refreshed last_rx
   if (type == "bye") {
     CloseConn(c.id, "peer said goodbye", true);
     return Status::Ok();
   }
   if (c.accepted) {
+    if (type == "notify") return HandleNotify(c, m);
     if (type == "rdel_ack") {
       uint64_t seq = 0;
       if (Status s = control::DecodeRegionDelAck(m, seq); !s.ok()) return s;
       std::lock_guard<std::mutex> lock(dereg_mu_);
-      if (auto it = dereg_waits_.find(seq); it != dereg_waits_.end()) it->second.waiting.erase(c.id);
+      if (auto it = dereg_waits_.find(seq); it != dereg_waits_.end())
+        it->second.waiting.erase(c.id);
       dereg_cv_.notify_all();
       return Status::Ok();
     }
@@ -778,6 +1172,21 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     AddRemoteRegions(*c.peer, regions);
     return Status::Ok();
   }
+  if (type == "nack") {
+    uint64_t seq = 0;
+    uint32_t code = 0;
+    std::string why;
+    if (Status s = control::DecodeNotifyAck(m, seq, code, why); !s.ok()) return s;
+    auto it = pending_notifies_.find(seq);
+    if (it == pending_notifies_.end() || it->second.conn_id != c.id)
+      return Status::Ok();  // timed out
+    auto done = std::move(it->second.done);
+    pending_notifies_.erase(it);
+    done(code == 0 ? Status::Ok()
+                   : Status(static_cast<StatusCode>(code),
+                            c.peer_name + " refused the notification: " + why));
+    return Status::Ok();
+  }
   if (type == "rdel") {
     uint64_t seq = 0;
     std::vector<uint64_t> ids;
@@ -787,6 +1196,38 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     return Status::Ok();
   }
   return Status::ParamInvalid("unexpected message '" + type + "' from a target");
+}
+
+Status Hixl::Impl::HandleNotify(Conn& c, const wire::Msg& m) {
+  uint64_t seq = 0;
+  NotifyDesc d;
+  if (Status s = control::DecodeNotify(m, seq, d.name, d.notify_msg); !s.ok()) return s;
+  d.from = c.peer_name;
+  uint32_t code = 0;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(notify_mu_);
+    size_t& n = notify_counts_[c.id];
+    if (n >= opts_.notify_depth) {
+      code = static_cast<uint32_t>(StatusCode::kResourceExhausted);
+      why = "its notification queue for " + d.from + " is full (" +
+            std::to_string(opts_.notify_depth) + " waiting; NotifyQueueDepth)";
+    } else {
+      ++n;
+      notify_q_.emplace_back(c.id, std::move(d));
+    }
+  }
+  if (code == 0) notify_cv_.notify_all();
+  Send(c, control::EncodeNotifyAck(seq, code, why));
+  return Status::Ok();
+}
+
+void Hixl::Impl::TightenTick(int hb_ms) {
+  // The tick sends heartbeats and checks silence: a few per interval.
+  int want = std::clamp(hb_ms / 4, 2, kIdleTickMs);
+  if (want >= idle_tick_ms_) return;
+  idle_tick_ms_ = want;
+  if (revokes_.empty()) loop_.SetTickInterval(idle_tick_ms_);
 }
 
 void Hixl::Impl::CheckRevokes() {
@@ -805,17 +1246,53 @@ void Hixl::Impl::CheckRevokes() {
       ++it;
     }
   }
-  loop_.SetTickInterval(revokes_.empty() ? kIdleTickMs : kBusyTickMs);
+  loop_.SetTickInterval(revokes_.empty() ? idle_tick_ms_ : kBusyTickMs);
 }
 
 void Hixl::Impl::OnTick() {
   if (!revokes_.empty()) CheckRevokes();
   auto now = net::Clock::now();
-  std::vector<uint64_t> late;
+  std::vector<std::pair<uint64_t, std::string>> drop;
   for (auto& [id, c] : conns_) {
-    if (c->accepted && !c->established && now >= c->hello_deadline) late.push_back(id);
+    if (!c->established) {
+      if (c->accepted && now >= c->hello_deadline)
+        drop.emplace_back(id, "no handshake before the deadline");
+      continue;
+    }
+    const auto interval = std::chrono::milliseconds(c->hb_ms);
+    if (now - c->last_rx >= interval * opts_.hb_misses) {
+      drop.emplace_back(id, "nothing heard for " + std::to_string(c->hb_ms * opts_.hb_misses) +
+                                " ms (peer dead or hung)");
+      continue;
+    }
+    if (now - c->last_tx >= interval) Send(*c, control::EncodeHeartbeat());
   }
-  for (uint64_t id : late) CloseConn(id, "no handshake before the deadline", false);
+  for (auto& [id, why] : drop) CloseConn(id, why, false);
+  // Notifications nobody answered in time.
+  std::vector<std::function<void(Status)>> late;
+  for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
+    if (now >= it->second.deadline) {
+      late.push_back(std::move(it->second.done));
+      it = pending_notifies_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& f : late) f(Status::Timeout("no answer to the notification before the deadline"));
+  // Async requests past their deadline stop (and end TIMEOUT once stopped).
+  std::vector<std::shared_ptr<transport::Transfer>> expired;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    if (deadline_reqs_ > 0) {
+      for (auto& [id, t] : reqs_) {
+        if (t->deadline != net::Deadline::max() && now >= t->deadline && !t->Done() &&
+            !t->StopRequested()) {
+          expired.push_back(t);
+        }
+      }
+    }
+  }
+  for (auto& t : expired) t->RequestStop(Status::Timeout("request deadline passed"));
 }
 
 void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
@@ -824,11 +1301,12 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
   std::unique_ptr<Conn> c = std::move(it->second);
   conns_.erase(it);
   loop_.Remove(c->loop_id);
-  if (quiet) {
-    HIXL_LOG(INFO) << "link " << (c->peer_name.empty() ? "(unnamed)" : c->peer_name) << " closed: " << why;
+  if (quiet || !initialized_.load(std::memory_order_acquire)) {  // (finalizing: expected)
+    HIXL_LOG(INFO) << "link " << (c->peer_name.empty() ? "(unnamed)" : c->peer_name)
+                   << " closed: " << why;
   } else {
-    HIXL_LOG(WARN) << "dropping link " << (c->peer_name.empty() ? "(before handshake)" : c->peer_name)
-                   << ": " << why;
+    HIXL_LOG(WARN) << "dropping link "
+                   << (c->peer_name.empty() ? "(before handshake)" : c->peer_name) << ": " << why;
   }
   if (c->accepted) {
     for (auto& t : transports_) t->ForgetPeer(id);
@@ -836,9 +1314,12 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
     for (auto& [seq, w] : dereg_waits_) w.waiting.erase(id);
     dereg_cv_.notify_all();
   } else if (c->peer) {
-    // The peer is gone or misbehaved: its metadata goes, its transfers stop.
+    // The peer is gone, hung or misbehaved: its metadata goes, its transfers
+    // stop. Nothing is awaited (this thread serves every link); what is still
+    // on the wire is abandoned and the peer drops it.
+    FailPendingNotifies(id, Status::NotConnected("link to " + c->peer_name + " lost: " + why));
     c->peer->alive.store(false);
-    c->peer->channel->Close();
+    c->peer->channel->Close(net::Clock::now());
     std::lock_guard<std::mutex> lock(peers_mu_);
     auto p = peers_.find(c->peer->name);
     if (p != peers_.end() && p->second == c->peer) peers_.erase(p);

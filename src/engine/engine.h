@@ -8,21 +8,24 @@
 #ifndef HIXL_ENGINE_ENGINE_H_
 #define HIXL_ENGINE_ENGINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/event_loop.h"
 #include "common/net.h"
 #include "common/thread_pool.h"
 #include "common/wire.h"
-#include "common/event_loop.h"
 #include "control/protocol.h"
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
@@ -36,7 +39,8 @@ class Hixl::Impl {
   Impl() = default;
   ~Impl() { Finalize(); }
 
-  Status Initialize(const std::string& local_engine, const std::map<std::string, std::string>& opts);
+  Status Initialize(const std::string& local_engine,
+                    const std::map<std::string, std::string>& opts);
   void Finalize();
   std::string LocalEngine() const;
 
@@ -47,15 +51,25 @@ class Hixl::Impl {
   Status GetMemHandle(void* ptr, MemHandle& handle) const;
 
   Status Connect(const std::string& remote, int32_t timeout_ms);
+  Status ConnectAsync(const std::string& remote, int32_t timeout_ms);
+  Status GetConnectStatus(const std::string& remote, ConnectStatus& status, Status* reason) const;
   Status Disconnect(const std::string& remote, int32_t timeout_ms);
   Status GetLinkType(const std::string& remote, LinkType& type) const;
+  Status GetPeerGeneration(const std::string& remote, uint64_t& generation) const;
+  uint64_t Generation() const { return initialized_.load() ? generation_ : 0; }
 
   Status TransferSync(const std::string& remote, TransferOp op,
-                      const std::vector<TransferOpDesc>& descs, int32_t timeout_ms);
+                      const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                      int32_t timeout_ms);
   Status TransferAsync(const std::string& remote, TransferOp op,
                        const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                        TransferReq& req);
   Status GetTransferStatus(TransferReq req, TransferStatus& status, Status* reason);
+  Status CancelTransfer(TransferReq req);
+
+  Status SendNotify(const std::string& remote, const NotifyDesc& notify, int32_t timeout_ms);
+  Status GetNotifies(std::vector<NotifyDesc>& out);
+  Status SetNotifyCallback(NotifyCallback cb);
 
  private:
   struct Options {
@@ -67,6 +81,13 @@ class Hixl::Impl {
     int tcp_lanes = 2;
     size_t tcp_slice_size = 1u << 20;
     int tcp_io_threads = 2;
+    int hb_interval_ms = 1000;
+    int hb_misses = 3;
+    bool auto_connect = false;
+    int connect_timeout_ms = 3000;
+    size_t max_peers = 0;  // 0: no limit
+    size_t low_water = 0;
+    size_t notify_depth = 4096;
   };
   // A peer this engine connected to (we initiate transfers to it).
   struct Peer {
@@ -76,7 +97,12 @@ class Hixl::Impl {
     memory::RemoteRegionTable regions;
     std::unique_ptr<transport::Channel> channel;
     std::atomic<bool> alive{true};
+    std::atomic<uint64_t> conn_id{0};   // its control connection (set on the loop)
+    std::atomic<int> active{0};         // transfers and notifications in flight
+    std::atomic<int64_t> last_used{0};  // steady-clock ns, for idle eviction
   };
+  // Releases Peer::active when the last copy goes (held by a transfer).
+  static std::shared_ptr<const void> ActiveToken(const std::shared_ptr<Peer>& p);
   // A control connection; owned by the loop thread.
   struct Conn {
     uint64_t id = 0;
@@ -90,6 +116,19 @@ class Hixl::Impl {
     std::deque<std::vector<uint8_t>> outq;
     size_t out_off = 0;
     std::shared_ptr<Peer> peer;  // outbound connections
+    int hb_ms = 1000;            // this link's heartbeat interval: min of both sides'
+    net::Clock::time_point last_rx = net::Clock::now();
+    net::Clock::time_point last_tx = net::Clock::now();
+  };
+  // A notification sent, waiting for the target's answer (loop thread).
+  struct PendingNotify {
+    uint64_t conn_id = 0;
+    net::Deadline deadline;
+    std::function<void(Status)> done;
+  };
+  struct ConnectAttempt {
+    ConnectStatus state = ConnectStatus::CONNECTING;
+    Status reason;
   };
   struct Revoke {
     uint64_t conn_id;
@@ -109,14 +148,27 @@ class Hixl::Impl {
   static Status ParseOptions(const std::map<std::string, std::string>& in, Options& out);
   Status CheckInitialized() const;
   std::shared_ptr<Peer> FindPeer(const std::string& remote) const;
+  // Finds (or with AutoConnect, connects) the peer and counts one activity on
+  // it (Peer::active) so it is not evicted; the caller releases it.
+  Status AcquirePeer(const std::string& remote, net::Deadline deadline, std::shared_ptr<Peer>& out);
   Status Resolve(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
-                 net::Deadline deadline, std::shared_ptr<Peer>& peer,
+                 const TransferArgs& args, net::Deadline deadline, std::shared_ptr<Peer>& peer,
                  std::shared_ptr<transport::Transfer>& t);
+  // Evicts idle peers when a new link would pass MaxPeers (peers_mu_ held).
+  Status MakeRoomLocked(std::vector<std::shared_ptr<Peer>>& evicted);
+  void DropPeer(const std::shared_ptr<Peer>& peer, net::Deadline drain_until,
+                const std::string& why);
+  // Sends a notification over peer's control link; done runs exactly once.
+  void PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d, net::Deadline deadline,
+                  std::function<void(Status)> done);
+  void NotifyThread();
   Status Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
                    control::Welcome& welcome);
+  int LinkHeartbeatMs(uint32_t peer_hb_ms) const {
+    return std::min(opts_.hb_interval_ms, static_cast<int>(peer_hb_ms));
+  }
   Status MakePeer(const std::string& name, const std::string& address, const control::Welcome& w,
-                  net::Deadline deadline,
-                  std::shared_ptr<Peer>& out);
+                  net::Deadline deadline, std::shared_ptr<Peer>& out);
   void AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions);
   void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
   Status RevokeFromPeers(uint64_t region_id);
@@ -133,6 +185,9 @@ class Hixl::Impl {
   void CloseConn(uint64_t id, const std::string& why, bool quiet);
   void CheckRevokes();
   void OnTick();
+  void TightenTick(int hb_ms);
+  void FailPendingNotifies(uint64_t conn_id, const Status& why);  // 0: all
+  Status HandleNotify(Conn& c, const wire::Msg& m);
 
   Options opts_;
   std::atomic<bool> initialized_{false};
@@ -157,10 +212,29 @@ class Hixl::Impl {
 
   std::mutex req_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<transport::Transfer>> reqs_;
+  size_t deadline_reqs_ = 0;  // requests in reqs_ with a deadline
   uint64_t next_req_ = 1;
 
   std::mutex alloc_mu_;
   std::unordered_map<void*, Alloc> allocs_;
+
+  // Loop thread: notifications awaiting the target's answer.
+  std::unordered_map<uint64_t, PendingNotify> pending_notifies_;
+  uint64_t next_notify_seq_ = 1;
+  int idle_tick_ms_ = 50;
+
+  // Received notifications.
+  std::mutex notify_mu_;
+  std::condition_variable notify_cv_;
+  std::deque<std::pair<uint64_t, NotifyDesc>> notify_q_;  // (sender's connection, notification)
+  std::unordered_map<uint64_t, size_t> notify_counts_;    // queued per sender connection
+  NotifyCallback notify_cb_;
+  bool notify_stop_ = false;
+  std::thread notify_thread_;
+
+  mutable std::mutex connect_mu_;
+  std::unordered_map<std::string, ConnectAttempt> attempts_;
+  std::vector<std::thread> connect_threads_;
 
   std::mutex dereg_mu_;
   std::condition_variable dereg_cv_;

@@ -19,7 +19,9 @@ Status Hixl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, ui
   return impl_->RegisterMem(mem, type, handle, perms);
 }
 Status Hixl::DeregisterMem(MemHandle handle) { return impl_->DeregisterMem(handle); }
-Status Hixl::AllocMem(size_t size, MemType type, void** ptr) { return impl_->AllocMem(size, type, ptr); }
+Status Hixl::AllocMem(size_t size, MemType type, void** ptr) {
+  return impl_->AllocMem(size, type, ptr);
+}
 Status Hixl::FreeMem(void* ptr) { return impl_->FreeMem(ptr); }
 Status Hixl::GetMemHandle(void* ptr, MemHandle& handle) const {
   return impl_->GetMemHandle(ptr, handle);
@@ -28,6 +30,17 @@ Status Hixl::GetMemHandle(void* ptr, MemHandle& handle) const {
 Status Hixl::Connect(const std::string& remote_engine, int32_t timeout_ms) {
   return impl_->Connect(remote_engine, timeout_ms);
 }
+Status Hixl::ConnectAsync(const std::string& remote_engine, int32_t timeout_ms) {
+  return impl_->ConnectAsync(remote_engine, timeout_ms);
+}
+Status Hixl::GetConnectStatus(const std::string& remote_engine, ConnectStatus& status,
+                              Status* reason) const {
+  return impl_->GetConnectStatus(remote_engine, status, reason);
+}
+Status Hixl::GetPeerGeneration(const std::string& remote_engine, uint64_t& generation) const {
+  return impl_->GetPeerGeneration(remote_engine, generation);
+}
+uint64_t Hixl::Generation() const { return impl_->Generation(); }
 Status Hixl::Disconnect(const std::string& remote_engine, int32_t timeout_ms) {
   return impl_->Disconnect(remote_engine, timeout_ms);
 }
@@ -37,7 +50,12 @@ Status Hixl::GetLinkType(const std::string& remote_engine, LinkType& type) const
 
 Status Hixl::TransferSync(const std::string& remote_engine, TransferOp op,
                           const std::vector<TransferOpDesc>& descs, int32_t timeout_ms) {
-  return impl_->TransferSync(remote_engine, op, descs, timeout_ms);
+  return impl_->TransferSync(remote_engine, op, descs, TransferArgs{}, timeout_ms);
+}
+Status Hixl::TransferSync(const std::string& remote_engine, TransferOp op,
+                          const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
+                          int32_t timeout_ms) {
+  return impl_->TransferSync(remote_engine, op, descs, args, timeout_ms);
 }
 Status Hixl::TransferAsync(const std::string& remote_engine, TransferOp op,
                            const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
@@ -49,6 +67,16 @@ Status Hixl::GetTransferStatus(TransferReq req, TransferStatus& status) {
 }
 Status Hixl::GetTransferStatus(TransferReq req, TransferStatus& status, Status& reason) {
   return impl_->GetTransferStatus(req, status, &reason);
+}
+Status Hixl::CancelTransfer(TransferReq req) { return impl_->CancelTransfer(req); }
+
+Status Hixl::SendNotify(const std::string& remote_engine, const NotifyDesc& notify,
+                        int32_t timeout_ms) {
+  return impl_->SendNotify(remote_engine, notify, timeout_ms);
+}
+Status Hixl::GetNotifies(std::vector<NotifyDesc>& notifies) { return impl_->GetNotifies(notifies); }
+Status Hixl::SetNotifyCallback(NotifyCallback callback) {
+  return impl_->SetNotifyCallback(std::move(callback));
 }
 
 }  // namespace hixl

@@ -20,10 +20,31 @@ Transfer::~Transfer() {
 }
 
 void Transfer::RequestStop(Status why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_.load(std::memory_order_relaxed)) return;
-  stop_reason_ = std::move(why);
-  stop_.store(true, std::memory_order_release);
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_.load(std::memory_order_relaxed)) return;
+    stop_reason_ = std::move(why);
+    stop_.store(true, std::memory_order_release);
+    if (stop_hook_ && !stop_hook_ran_) {
+      stop_hook_ran_ = true;
+      hook = stop_hook_;
+    }
+  }
+  if (hook) hook();
+}
+
+void Transfer::SetStopHook(std::function<void()> hook) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_.load(std::memory_order_relaxed)) {
+      stop_hook_ = std::move(hook);
+      return;
+    }
+    if (stop_hook_ran_) return;
+    stop_hook_ran_ = true;
+  }
+  hook();
 }
 
 Status Transfer::CheckContinue() const {
@@ -47,6 +68,23 @@ void Transfer::PartDone(const Status& s) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       end = first_error_;
+      // A part that failed because the transfer was stopped reports the
+      // stop's reason (TIMEOUT, CANCELLED, ...), not a side effect of it.
+      if (!end.ok() && stop_.load(std::memory_order_relaxed) && !stop_reason_.ok()) {
+        end = stop_reason_;
+      }
+      stop_hook_ = nullptr;  // it may hold the channel; not needed any more
+    }
+    if (end.ok() && then_) {
+      // The data is in place: nothing of it moves any more, so the regions
+      // are released now; the transfer ends when its then step says so.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        memory::Unpin(pins_);
+      }
+      auto then = std::move(then_);
+      then(shared_from_this());
+      return;
     }
     End(end);
   }
@@ -59,9 +97,12 @@ void Transfer::End(Status s) {
   keepalive.swap(keepalive_);
   memory::Unpin(pins_);
   reason_ = std::move(s);
-  TransferStatus st = reason_.ok()                              ? TransferStatus::COMPLETED
-                      : reason_.code() == StatusCode::kTimeout ? TransferStatus::TIMEOUT
-                                                                : TransferStatus::FAILED;
+  TransferStatus st = reason_.ok()                               ? TransferStatus::COMPLETED
+                      : reason_.code() == StatusCode::kTimeout   ? TransferStatus::TIMEOUT
+                      : reason_.code() == StatusCode::kCancelled ? TransferStatus::CANCELLED
+                                                                 : TransferStatus::FAILED;
+  stop_hook_ = nullptr;
+  then_ = nullptr;
   state_.store(st, std::memory_order_release);
   cv_.notify_all();
 }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -19,7 +20,7 @@
 
 namespace hixl::transport {
 
-class Transfer {
+class Transfer : public std::enable_shared_from_this<Transfer> {
  public:
   // keepalive: what must outlive the transfer's execution (the peer and its
   // channel); released when the transfer ends.
@@ -32,8 +33,18 @@ class Transfer {
   const net::Deadline deadline;
   size_t bytes() const { return bytes_; }
 
-  // Asks every part to stop at its next check; the first reason wins.
+  // Asks every part to stop at its next check; the first reason wins. The
+  // stop hook (if any) runs once, on the calling thread, without locks held.
   void RequestStop(Status why);
+  // Set by the transport before it starts the parts: lets it drop work not yet
+  // begun as soon as a stop is requested. Runs at once if one already was.
+  void SetStopHook(std::function<void()> hook);
+  // Set by the engine before submitting: when every part succeeded, the
+  // transfer does not end yet; then(self) runs instead (on the thread of the
+  // last part) and must call Finish exactly once later.
+  void SetThen(std::function<void(std::shared_ptr<Transfer>)> then) { then_ = std::move(then); }
+  // Ends the transfer (after its then step); no-op if it had ended.
+  void Finish(Status s) { End(std::move(s)); }
   bool StopRequested() const { return stop_.load(std::memory_order_acquire); }
   // The reason a part should end with now (stop requested or deadline passed), or OK.
   Status CheckContinue() const;
@@ -54,6 +65,9 @@ class Transfer {
   size_t bytes_ = 0;
   std::vector<memory::RegionRef> pins_;
   std::shared_ptr<const void> keepalive_;
+  std::function<void()> stop_hook_;
+  bool stop_hook_ran_ = false;
+  std::function<void(std::shared_ptr<Transfer>)> then_;
   std::atomic<bool> stop_{false};
   std::atomic<int> parts_left_{1};
   std::atomic<TransferStatus> state_{TransferStatus::WAITING};

@@ -62,11 +62,12 @@ class Channel {
   // thread. The transport ends t exactly once (through Transfer::PartDone).
   virtual void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) = 0;
   // Stops using the peer: transfers not yet finished end FAILED. Bytes the
-  // transport already put on their way are let land first (bounded), so no
-  // transfer of this channel writes anywhere once Close has returned, except
-  // for copy threads still finishing their current chunk (Transfer ends only
-  // after they have).
-  virtual void Close() = 0;
+  // transport already put on their way are let land first, waiting until
+  // drain_until at most (a past deadline: the peer is gone or hung, nothing is
+  // awaited and the peer drops what it has not applied yet). No transfer of
+  // this channel reports its end while a byte of it may still move, and none
+  // writes anywhere once all have ended.
+  virtual void Close(net::Deadline drain_until) = 0;
 };
 
 class Transport {

@@ -23,9 +23,9 @@
 namespace hixl::transport::shm {
 namespace {
 
-constexpr size_t kChunk = 16u << 20;      // stop/deadline checks at least this often
-constexpr size_t kMinPart = 1u << 20;     // never hand a thread less than this
-constexpr size_t kIovMax = 1024;          // IOV_MAX on Linux
+constexpr size_t kChunk = 16u << 20;   // stop/deadline checks at least this often
+constexpr size_t kMinPart = 1u << 20;  // never hand a thread less than this
+constexpr size_t kIovMax = 1024;       // IOV_MAX on Linux
 constexpr int kUdsRequestMs = 500;
 constexpr size_t kMaxUdsClients = 1024;
 
@@ -94,7 +94,8 @@ class ShmTransport final : public Transport {
     return true;
   }
 
-  Status Connect(const PeerInfo& peer, net::Deadline deadline, std::unique_ptr<Channel>& out) override;
+  Status Connect(const PeerInfo& peer, net::Deadline deadline,
+                 std::unique_ptr<Channel>& out) override;
 
  private:
   void Serve();
@@ -171,7 +172,8 @@ void ShmTransport::Serve() {
         fd = ctx_.regions->DupMemfd(id, mapped_len);
         if (fd < 0) {
           reply["t"] = "err";
-          reply["reason"] = "region " + std::to_string(id) + " is not a registered shareable region";
+          reply["reason"] =
+              "region " + std::to_string(id) + " is not a registered shareable region";
         } else {
           reply["t"] = "fd";
           reply["id"] = id;
@@ -195,7 +197,10 @@ void ShmTransport::Serve() {
 class ShmChannel final : public Channel {
  public:
   ShmChannel(const TransportContext& ctx, const PeerInfo& peer, net::Fd uds, uint64_t token)
-      : ctx_(ctx), engine_(peer.engine), pid_(static_cast<pid_t>(peer.pid)), uds_(std::move(uds)),
+      : ctx_(ctx),
+        engine_(peer.engine),
+        pid_(static_cast<pid_t>(peer.pid)),
+        uds_(std::move(uds)),
         token_(token) {}
 
   LinkType link_type() const override { return LinkType::SHM; }
@@ -207,7 +212,11 @@ class ShmChannel final : public Channel {
 
   Status PrepareRegion(memory::RemoteRegion& r) override;
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
-  void Close() override { closed_.store(true, std::memory_order_release); }
+  void Close(net::Deadline) override {
+    // Copies are done by this process: each part stops at its next chunk and
+    // its transfer ends only after that, so there is nothing to drain.
+    closed_.store(true, std::memory_order_release);
+  }
 
  private:
   // Runs slices[begin, end) where the first slice starts first_off bytes in
@@ -219,7 +228,8 @@ class ShmChannel final : public Channel {
   };
   Status RunPart(const Transfer& t, const Part& p) const;
   Status CopyMapped(TransferOp op, const memory::Slice& s, size_t off, size_t len) const;
-  Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n, size_t bytes) const;
+  Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
+                 size_t bytes) const;
   std::vector<Part> Split(const Transfer& t) const;
 
   TransportContext ctx_;
@@ -257,7 +267,8 @@ Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
     ch->SetCma(true, "");
   } else {
     int err = n < 0 ? errno : 0;
-    std::string why = n < 0 ? std::string(std::strerror(err)) : "probe mismatch (pid not the peer's)";
+    std::string why =
+        n < 0 ? std::string(std::strerror(err)) : "probe mismatch (pid not the peer's)";
     std::string msg = "cross-memory attach (process_vm_writev/readv) to peer " + peer.engine +
                       " (pid " + std::to_string(peer.pid) + ") is refused: " + why +
                       (err == EPERM ? " (ptrace permission: same user needed; check "

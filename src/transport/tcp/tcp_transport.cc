@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -41,18 +43,22 @@ struct [[maybe_unused]] PayloadAccess {
 #endif
 };
 
-static_assert(std::endian::native == std::endian::little, "the data-lane protocol is little endian");
+static_assert(std::endian::native == std::endian::little,
+              "the data-lane protocol is little endian");
 
 constexpr uint32_t kLaneMagic = 0x324C5848;  // "HXL2"
 constexpr uint32_t kReqMagic = 0x514C5848;   // "HXLQ"
 constexpr uint32_t kRespMagic = 0x524C5848;  // "HXLR"
 constexpr uint32_t kLaneVersion = 1;
 constexpr uint64_t kMaxSlice = 64u << 20;
-constexpr size_t kStaging = 64u << 10;        // header reads; payloads go direct
+constexpr size_t kStaging = 64u << 10;  // header reads; payloads go direct
 constexpr size_t kMaxIov = 64;
-constexpr size_t kFairnessBytes = 8u << 20;   // per event, so lanes share a thread
+constexpr size_t kFairnessBytes = 8u << 20;  // per event, so lanes share a thread
 constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
-constexpr int kDrainMs = 5000;  // how long closing a link waits for pieces on the wire
+// A lane checks whether its initiator abandoned it (closed it without waiting
+// for answers: it declared this engine dead) when this long has passed since
+// the last check, e.g. after this process was stopped or starved.
+constexpr auto kAliveCheckInterval = std::chrono::milliseconds(2);
 
 enum : uint8_t { kOpRead = 0, kOpWrite = 1 };
 enum : uint8_t { kOk = 0, kBadRange = 1, kDenied = 2, kBadRequest = 3 };
@@ -143,10 +149,12 @@ class TcpTransport;
 
 class ServerLane : public std::enable_shared_from_this<ServerLane> {
  public:
-  ServerLane(TcpTransport* tp, EventLoop* loop, net::Fd fd) : tp_(tp), loop_(loop), fd_(std::move(fd)) {}
+  ServerLane(TcpTransport* tp, EventLoop* loop, net::Fd fd)
+      : tp_(tp), loop_(loop), fd_(std::move(fd)) {}
   void Start() {
     auto self = shared_from_this();
-    loop_id_ = loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, [self](uint32_t ev) { self->OnEvent(ev); });
+    loop_id_ =
+        loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, [self](uint32_t ev) { self->OnEvent(ev); });
   }
   void Close(const std::string& why, bool warn);
   uint64_t conn_id() const { return conn_id_; }
@@ -164,6 +172,9 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   };
   void OnEvent(uint32_t ev);
   bool Process();  // false: closed
+  // True (and the lane closed) when the initiator has hung up: it gave the
+  // lane up, so nothing still queued on it may be applied.
+  bool Abandoned(bool force);
   bool OnHeader(const ReqHdr& h);
   void Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len);
   bool Flush();
@@ -185,12 +196,13 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   std::deque<Out> outq_;
   size_t out_bytes_ = 0;
   uint32_t events_ = EPOLLIN | EPOLLRDHUP;
+  std::chrono::steady_clock::time_point last_alive_check_ = std::chrono::steady_clock::now();
 };
 
 // ---- initiator side: one data connection to a target -----------------------
 
 struct Piece {
-  std::shared_ptr<Transfer> t;
+  std::shared_ptr<Transfer> t;  // null once detached: a stopped READ whose answer is discarded
   ReqHdr hdr;
   char* local;
   size_t len;
@@ -213,7 +225,14 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
     });
   }
   void Enqueue(std::vector<Piece>& pieces);
+  // Breaks the lane: every piece ends with why, on the lane's loop thread
+  // (so none ends while its reply is being received), and the socket closes.
   void Fail(const Status& why);
+  // Drops pieces not yet begun whose transfer was told to stop, and (on the
+  // loop thread) detaches its READ pieces on the wire: their answers will be
+  // received into a scratch buffer, never into the caller's memory, so the
+  // transfer need not wait for them.
+  void PurgeStopped();
   // Sends nothing new (unsent pieces fail with why), waits until every piece
   // already on the wire is answered or the deadline passes, then fails the
   // rest and closes. The target answers a lane in order, so once the last
@@ -222,6 +241,8 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
 
  private:
   void OnEvent(uint32_t ev);
+  void FailNow();
+  void DetachStoppedReads();
   void FlushLocked(Completions& done);
   void SetEventsLocked(uint32_t ev);
   bool ReadResponses(Completions& done);
@@ -242,24 +263,27 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   std::deque<Piece> inflight_;
   // Receive state (loop thread only).
   Inbound in_;
-  char* rdst_ = nullptr;
+  char* rdst_ = nullptr;  // nullptr while rleft_ > 0: discard (detached piece)
   size_t rleft_ = 0;
+  std::vector<char> sink_;
 };
 
 class TcpChannel final : public Channel {
  public:
-  TcpChannel(const TransportContext& ctx, std::string engine, std::vector<std::shared_ptr<ClientLane>> lanes)
+  TcpChannel(const TransportContext& ctx, std::string engine,
+             std::vector<std::shared_ptr<ClientLane>> lanes)
       : ctx_(ctx), engine_(std::move(engine)), lanes_(std::move(lanes)) {}
-  ~TcpChannel() override { Close(); }
+  ~TcpChannel() override { Close(net::Clock::now()); }
   LinkType link_type() const override { return LinkType::TCP; }
   Status PrepareRegion(memory::RemoteRegion&) override { return Status::Ok(); }
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
-  void Close() override {
+  void Close(net::Deadline drain_until) override {
     if (closed_.exchange(true)) return;
-    // Pieces already sent are answered before the lanes close (bounded), so
-    // nothing of this link lands in anyone's memory after Close returns.
-    const auto deadline = net::DeadlineAfterMs(kDrainMs);
-    for (auto& l : lanes_) l->Drain(Status::NotConnected("link to " + engine_ + " was closed"), deadline);
+    // Pieces already sent are answered before the lanes close (until
+    // drain_until); after that the lanes are abandoned and the target drops
+    // what it has not applied (ServerLane::Abandoned).
+    for (auto& l : lanes_)
+      l->Drain(Status::NotConnected("link to " + engine_ + " was closed"), drain_until);
   }
 
  private:
@@ -288,7 +312,8 @@ class TcpTransport final : public Transport {
       net::HostPort hp{ctx_.listen_host, 0};
       if (Status s = net::TcpListen(hp, listen_, data_port_); !s.ok()) return s;
       int lfd = listen_.get();
-      loops_[0]->Post([this, lfd] { loops_[0]->Add(lfd, EPOLLIN, [this](uint32_t) { OnAccept(); }); });
+      loops_[0]->Post(
+          [this, lfd] { loops_[0]->Add(lfd, EPOLLIN, [this](uint32_t) { OnAccept(); }); });
     }
     return Status::Ok();
   }
@@ -370,7 +395,8 @@ class TcpTransport final : public Transport {
     return true;
   }
 
-  Status Connect(const PeerInfo& peer, net::Deadline deadline, std::unique_ptr<Channel>& out) override {
+  Status Connect(const PeerInfo& peer, net::Deadline deadline,
+                 std::unique_ptr<Channel>& out) override {
     uint64_t port = 0, token = 0;
     if (!wire::GetU64(*peer.info, "port", port) || port == 0 || port > 65535 ||
         !wire::GetU64(*peer.info, "token", token)) {
@@ -466,8 +492,29 @@ void ServerLane::Close(const std::string& why, bool warn) {
   }
 }
 
+bool ServerLane::Abandoned(bool force) {
+  auto now = std::chrono::steady_clock::now();
+  if (!force && now - last_alive_check_ < kAliveCheckInterval) return false;
+  last_alive_check_ = now;
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) return false;
+  Close(left_ > 0 || in_.avail() > 0 ? "initiator abandoned the lane; unapplied bytes dropped"
+                                     : "initiator closed the lane",
+        false);
+  return true;
+}
+
 void ServerLane::OnEvent(uint32_t ev) {
   if (closed_) return;
+  if (!closing_ && (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+    // An initiator closes a lane only once every piece it sent was answered,
+    // or when it gave this engine up: in both cases nothing queued here may
+    // be applied any more.
+    Close(left_ > 0 || in_.avail() > 0 ? "initiator abandoned the lane; unapplied bytes dropped"
+                                       : "initiator closed the lane",
+          false);
+    return;
+  }
   if ((ev & EPOLLOUT) && !Flush()) return;
   if (closing_) {
     if (outq_.empty() || (ev & (EPOLLHUP | EPOLLERR))) {
@@ -489,14 +536,16 @@ void ServerLane::Revoke(uintptr_t addr, size_t len) {
   if (closed_) return;
   auto overlaps = [&](uintptr_t a, size_t n) { return a < addr + len && addr < a + n; };
   bool touching = left_ > 0 && overlaps(cur_.addr, cur_.len);
-  for (const Out& o : outq_) touching = touching || (o.len > 0 && overlaps(reinterpret_cast<uintptr_t>(o.data), o.len));
+  for (const Out& o : outq_)
+    touching = touching || (o.len > 0 && overlaps(reinterpret_cast<uintptr_t>(o.data), o.len));
   if (touching) Close("a region it was still moving bytes of was deregistered", true);
 }
 
 void ServerLane::UpdateEvents() {
   if (closed_) return;
   uint32_t want = EPOLLRDHUP;
-  if (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) want |= EPOLLIN;  // back-pressure on READ replies
+  if (!closing_ && out_bytes_ < kMaxQueuedReplyBytes)
+    want |= EPOLLIN;  // back-pressure on READ replies
   if (!outq_.empty()) want |= EPOLLOUT;
   if (want != events_) {
     events_ = want;
@@ -513,6 +562,7 @@ bool ServerLane::Process() {
       return true;
     }
     if (left_ > 0) {  // receiving a WRITE payload straight into registered memory
+      if (Abandoned(false)) return false;
       ssize_t r;
       {
         [[maybe_unused]] PayloadAccess quiet;
@@ -562,6 +612,7 @@ bool ServerLane::Process() {
     }
     ReqHdr h;
     std::memcpy(&h, in_.data(), sizeof(h));
+    if (h.op == kOpWrite && Abandoned(false)) return false;
     in_.Consume(sizeof(h));
     OnHeader(h);
   }
@@ -633,7 +684,8 @@ bool ServerLane::Flush() {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      Close(std::string("send failed: ") + std::strerror(errno), errno != EPIPE && errno != ECONNRESET);
+      Close(std::string("send failed: ") + std::strerror(errno),
+            errno != EPIPE && errno != ECONNRESET);
       return false;
     }
     size_t left = static_cast<size_t>(r);
@@ -668,7 +720,8 @@ void ClientLane::Enqueue(std::vector<Piece>& pieces) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_ || draining_) {
-      Status why = broken_ ? broken_reason_ : Status::NotConnected("link to " + engine_ + " is closing");
+      Status why =
+          broken_ ? broken_reason_ : Status::NotConnected("link to " + engine_ + " is closing");
       for (auto& p : pieces) done.emplace_back(std::move(p.t), why);
     } else {
       for (auto& p : pieces) {
@@ -749,27 +802,92 @@ void ClientLane::FlushLocked(Completions& done) {
 }
 
 void ClientLane::Fail(const Status& why) {
-  Completions done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_) {
       broken_ = true;
       broken_reason_ = why;
     }
-    for (auto& p : sendq_) done.emplace_back(std::move(p.t), broken_reason_);
-    for (auto& p : inflight_) done.emplace_back(std::move(p.t), broken_reason_);
+  }
+  drained_cv_.notify_all();
+  if (loop_->InLoop()) {
+    FailNow();
+    return;
+  }
+  auto self = shared_from_this();
+  // A stopped loop runs nothing any more, so failing here races with nothing.
+  if (!loop_->Post([self] { self->FailNow(); })) FailNow();
+}
+
+void ClientLane::FailNow() {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fd_.valid() && (!sendq_.empty() || !inflight_.empty())) {
+      // Abandoning pieces on the wire: reset the connection rather than
+      // closing it, so bytes still in our send buffer are never delivered
+      // and the target sees the hang-up before anything it has not applied.
+      linger lg{1, 0};
+      setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    }
+    for (auto& p : sendq_) {
+      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+    }
+    for (auto& p : inflight_) {
+      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+    }
     sendq_.clear();
     inflight_.clear();
+    if (registered_ && loop_->InLoop()) loop_->Remove(loop_id_);
+    registered_ = false;
+    fd_.Reset();
+    rleft_ = 0;
   }
   drained_cv_.notify_all();
   for (auto& [t, s] : done) t->PartDone(s);
-  auto self = shared_from_this();
-  loop_->Post([self] {
-    std::lock_guard<std::mutex> lock(self->mu_);
-    if (self->registered_) self->loop_->Remove(self->loop_id_);
-    self->registered_ = false;
-    self->fd_.Reset();
-  });
+}
+
+void ClientLane::DetachStoppedReads() {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool front = true;
+    for (auto& p : inflight_) {
+      if (p.t && p.hdr.op == kOpRead && p.t->StopRequested()) {
+        // Its reply, or what is left of it, goes to the sink.
+        if (front && rleft_ > 0) rdst_ = nullptr;
+        Status why = p.t->CheckContinue();
+        done.emplace_back(std::move(p.t), std::move(why));
+      }
+      front = false;
+    }
+  }
+  drained_cv_.notify_all();
+  for (auto& [t, s] : done) t->PartDone(s);
+}
+
+void ClientLane::PurgeStopped() {
+  if (loop_->InLoop()) {
+    DetachStoppedReads();
+  } else {
+    auto self = shared_from_this();
+    loop_->Post([self] { self->DetachStoppedReads(); });
+  }
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = sendq_.begin(); it != sendq_.end();) {
+      if (it->off == 0 && it->t->StopRequested()) {
+        Status why = it->t->CheckContinue();
+        done.emplace_back(std::move(it->t), std::move(why));
+        it = sendq_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  drained_cv_.notify_all();
+  for (auto& [t, s] : done) t->PartDone(s);
 }
 
 bool ClientLane::ReadResponses(Completions& done) {
@@ -782,18 +900,21 @@ bool ClientLane::ReadResponses(Completions& done) {
     }
     if (rleft_ > 0) {  // a READ reply's payload, straight into local memory
       ssize_t r;
-      {
+      if (rdst_ == nullptr) {  // detached: the caller's buffer is not touched
+        if (sink_.empty()) sink_.resize(kStaging);
+        r = in_.Payload(fd_.get(), sink_.data(), std::min(rleft_, sink_.size()));
+      } else {
         [[maybe_unused]] PayloadAccess quiet;
         r = in_.Payload(fd_.get(), rdst_, rleft_);
       }
       if (r == -1) return true;
       if (r <= 0) return false;
-      rdst_ += r;
+      if (rdst_ != nullptr) rdst_ += r;
       rleft_ -= static_cast<size_t>(r);
       moved += static_cast<size_t>(r);
       if (rleft_ == 0) {
         std::lock_guard<std::mutex> lock(mu_);
-        done.emplace_back(std::move(inflight_.front().t), Status::Ok());
+        if (inflight_.front().t) done.emplace_back(std::move(inflight_.front().t), Status::Ok());
         inflight_.pop_front();
       }
       continue;
@@ -810,25 +931,30 @@ bool ClientLane::ReadResponses(Completions& done) {
     std::lock_guard<std::mutex> lock(mu_);
     if (h.magic != kRespMagic || inflight_.empty() || inflight_.front().hdr.seq != h.seq ||
         inflight_.front().hdr.op != h.op) {
-      broken_reason_ = Status::Failed("tcp: target " + engine_ + " sent a response out of sequence");
+      broken_reason_ =
+          Status::Failed("tcp: target " + engine_ + " sent a response out of sequence");
       return false;
     }
     Piece& p = inflight_.front();
     if (h.status != kOk) {
-      done.emplace_back(std::move(p.t), Status::ParamInvalid(std::string("target ") + engine_ +
-                                                             " refused a slice: " + StatusText(h.status)));
+      if (p.t) {
+        done.emplace_back(std::move(p.t),
+                          Status::ParamInvalid(std::string("target ") + engine_ +
+                                               " refused a slice: " + StatusText(h.status)));
+      }
       inflight_.pop_front();
       continue;  // the target closes the lane next; the rest fail then
     }
     if (h.op == kOpRead) {
       if (h.len != p.len) {
-        broken_reason_ = Status::Failed("tcp: target " + engine_ + " sent a reply of the wrong length");
+        broken_reason_ =
+            Status::Failed("tcp: target " + engine_ + " sent a reply of the wrong length");
         return false;
       }
-      rdst_ = p.local;
+      rdst_ = p.t ? p.local : nullptr;
       rleft_ = p.len;
     } else {
-      done.emplace_back(std::move(p.t), Status::Ok());
+      if (p.t) done.emplace_back(std::move(p.t), Status::Ok());
       inflight_.pop_front();
     }
   }
@@ -853,7 +979,8 @@ void ClientLane::Drain(const Status& why, net::Deadline deadline) {
     lock.unlock();
     for (auto& [t, s] : done) t->PartDone(s);
     lock.lock();
-    drained_cv_.wait_until(lock, deadline, [this] { return broken_ || (sendq_.empty() && inflight_.empty()); });
+    drained_cv_.wait_until(lock, deadline,
+                           [this] { return broken_ || (sendq_.empty() && inflight_.empty()); });
   }
   Fail(why);
 }
@@ -876,7 +1003,8 @@ void ClientLane::OnEvent(uint32_t ev) {
     Status why;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      why = broken_reason_.ok() ? Status::NotConnected("tcp lane to " + engine_ + " closed") : broken_reason_;
+      why = broken_reason_.ok() ? Status::NotConnected("tcp lane to " + engine_ + " closed")
+                                : broken_reason_;
     }
     Fail(why);
   }
@@ -891,7 +1019,8 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   for (const auto& s : t->slices) count += (s.len + slice - 1) / slice;
   t->SetParts(static_cast<int>(count));
   if (closed_.load()) {
-    for (size_t i = 0; i < count; ++i) t->PartDone(Status::NotConnected("link to " + engine_ + " was closed"));
+    for (size_t i = 0; i < count; ++i)
+      t->PartDone(Status::NotConnected("link to " + engine_ + " was closed"));
     return;
   }
   std::vector<std::vector<Piece>> per_lane(lanes_.size());
@@ -909,6 +1038,17 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
       lane = (lane + 1) % lanes_.size();
     }
   }
+  // A stop (deadline, cancel) drops what has not gone out yet; pieces on the
+  // wire are answered in order, so the transfer ends once the last of them is.
+  std::vector<std::weak_ptr<ClientLane>> used;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!per_lane[i].empty()) used.push_back(lanes_[i]);
+  }
+  t->SetStopHook([used] {
+    for (const auto& w : used) {
+      if (auto l = w.lock()) l->PurgeStopped();
+    }
+  });
   for (size_t i = 0; i < lanes_.size(); ++i) {
     if (!per_lane[i].empty()) lanes_[i]->Enqueue(per_lane[i]);
   }

@@ -1,0 +1,1260 @@
+// tests/failure_test.cc — failure handling across processes. The engine in
+// this test process is the initiator; hixl_test_peer processes are the
+// targets, and they are SIGSTOPped (hung), SIGKILLed (dead) and restarted on
+// purpose. Covered: notifications (ordering against the data under load, the
+// per-sender queue limit, size limits), a target killed mid-transfer, a hung
+// target detected by heartbeats, restarts (generations), the timeout fence
+// (no byte of a TIMEOUT request lands afterwards), async deadlines and
+// cancellation, AutoConnect, ConnectAsync and the MaxPeers limit.
+//
+// Transport conformance: tests that make sense on both transports are TEST_P
+// over the initiator's LinkType option (hixl_test::AllLinkTypes()); tests
+// that need a target that cannot make progress use TCP only (on shm the
+// initiator copies by itself, so a stopped target does not stop a transfer).
+//
+// Timing: every wait is bounded. Detection times are measured and printed
+// ("[ measured ]" lines, and RecordProperty), and are only checked against
+// generous bounds (kDetectBoundMs), never tight ones.
+//
+// Cleanup: the fixture's TearDown joins the delayed-SIGCONT threads, sends
+// SIGCONT to every peer it stopped, finalizes the engines, then ends the
+// peers; buffers used by async requests outlive all of that (KeptBuffer).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "hixl/hixl.h"
+#include "peer_process.h"
+
+namespace hixl {
+inline void PrintTo(ConnectStatus s, std::ostream* os) {
+  switch (s) {
+    case ConnectStatus::NOT_CONNECTED: *os << "NOT_CONNECTED"; return;
+    case ConnectStatus::CONNECTING: *os << "CONNECTING"; return;
+    case ConnectStatus::CONNECTED: *os << "CONNECTED"; return;
+    case ConnectStatus::FAILED: *os << "FAILED"; return;
+  }
+  *os << "ConnectStatus(" << static_cast<uint32_t>(s) << ")";
+}
+}  // namespace hixl
+
+namespace {
+
+using hixl::ConnectStatus;
+using hixl::Hixl;
+using hixl::LinkType;
+using hixl::NotifyDesc;
+using hixl::Status;
+using hixl::StatusCode;
+using hixl::TransferArgs;
+using hixl::TransferOp;
+using hixl::TransferOpDesc;
+using hixl::TransferReq;
+using hixl::TransferStatus;
+using hixl_test::Buffer;
+using hixl_test::PeerLaunch;
+using hixl_test::PeerProcess;
+using ::testing::Combine;
+using ::testing::Values;
+using ::testing::ValuesIn;
+using Clock = std::chrono::steady_clock;
+
+namespace opt = hixl::options;
+
+constexpr size_t kKiB = 1024;
+constexpr size_t kMiB = 1024 * 1024;
+constexpr size_t kDiv = hixl_test::kSanitizerDivisor;
+constexpr int kConnectMs = 5000;
+
+// Sanitizer builds run everything several times slower: bounds grow.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kSlow = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int kSlow = 3;
+#else
+constexpr int kSlow = kDiv > 1 ? 3 : 1;
+#endif
+#else
+constexpr int kSlow = kDiv > 1 ? 3 : 1;
+#endif
+
+// A dead or hung peer must be noticed within this (the initiators of the
+// detection tests use HeartbeatIntervalMs=100, HeartbeatMisses=3: ~400 ms).
+constexpr int kDetectBoundMs = 5000 * kSlow;
+const std::map<std::string, std::string> kFastHeartbeats = {{opt::kHeartbeatIntervalMs, "100"},
+                                                            {opt::kHeartbeatMisses, "3"}};
+
+long ElapsedMs(Clock::time_point since) {
+  return static_cast<long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
+}
+
+void SleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+const char* Name(TransferStatus s) {
+  switch (s) {
+    case TransferStatus::WAITING: return "WAITING";
+    case TransferStatus::COMPLETED: return "COMPLETED";
+    case TransferStatus::TIMEOUT: return "TIMEOUT";
+    case TransferStatus::FAILED: return "FAILED";
+    case TransferStatus::CANCELLED: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+const char* Name(ConnectStatus s) {
+  switch (s) {
+    case ConnectStatus::NOT_CONNECTED: return "NOT_CONNECTED";
+    case ConnectStatus::CONNECTING: return "CONNECTING";
+    case ConnectStatus::CONNECTED: return "CONNECTED";
+    case ConnectStatus::FAILED: return "FAILED";
+  }
+  return "UNKNOWN";
+}
+
+void Measured(const std::string& what, long ms) {
+  std::cout << "[ measured ] " << what << ": " << ms << " ms" << std::endl;
+  ::testing::Test::RecordProperty(what, std::to_string(ms));
+}
+
+// hixl_test::Fnv1a64 of `len` bytes all equal to `b`, without the memory
+// (checked against Fnv1a64 itself by FailureHelpers.ConstHashMatchesFnv1a64).
+std::string ConstHashHex(unsigned char b, size_t len) {
+  constexpr uint64_t kPrime = 0x100000001b3ull;
+  unsigned char bytes[8];
+  std::memset(bytes, b, sizeof(bytes));
+  uint64_t w = 0;
+  std::memcpy(&w, bytes, 8);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t k = 0; k < len / 8; ++k) {
+    h ^= w;
+    h *= kPrime;
+  }
+  for (size_t i = 0; i < len % 8; ++i) {
+    h ^= b;
+    h *= kPrime;
+  }
+  return hixl_test::HashHex(h);
+}
+
+// Process state letter from /proc/PID/stat ('T': stopped), or 0.
+char ProcState(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t p = s.rfind(')');
+  if (p == std::string::npos || p + 2 >= s.size()) return 0;
+  return s[p + 2];
+}
+
+// Polls pred every step_ms until it holds or timeout_ms passes.
+bool PollUntil(const std::function<bool()>& pred, int timeout_ms, int step_ms = 2) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (pred()) return true;
+    if (Clock::now() >= deadline) return false;
+    SleepMs(step_ms);
+  }
+}
+
+ConnectStatus GetCs(const Hixl& e, const std::string& remote, Status* reason = nullptr) {
+  ConnectStatus cs = ConnectStatus::FAILED;
+  Status r;
+  Status s = e.GetConnectStatus(remote, cs, &r);
+  EXPECT_TRUE(s.ok()) << "GetConnectStatus(" << remote << ") -> " << s.ToString();
+  if (reason) *reason = r;
+  return cs;
+}
+
+std::string LinkParamName(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
+
+TEST(FailureHelpers, ConstHashMatchesFnv1a64) {
+  for (size_t len : {0ul, 1ul, 7ul, 8ul, 4099ul, 65536ul}) {
+    Buffer b(len, 0xAB);
+    EXPECT_EQ(ConstHashHex(0xAB, len), b.HashHex()) << len;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fixture: any number of peers, two engines here, stopped-peer bookkeeping.
+
+class FailureBase : public ::testing::Test {
+ protected:
+  PeerProcess* StartPeer(const std::vector<std::string>& peer_opts = {},
+                         const std::string& listen = "") {
+    PeerLaunch l;
+    l.options = peer_opts;
+    l.listen = listen;
+    peers_.push_back(std::make_unique<PeerProcess>(l));
+    if (!peers_.back()->Start()) return nullptr;
+    return peers_.back().get();
+  }
+
+  std::map<std::string, std::string> Opts(std::map<std::string, std::string> extra = {}) const {
+    if (!link_.empty()) extra.emplace(opt::kLinkType, link_);
+    return extra;
+  }
+  // Initialize with LinkType=link_ plus `extra`.
+  Status Init(Hixl& e, const std::map<std::string, std::string>& extra = {}) {
+    return e.Initialize("127.0.0.1:0", Opts(extra));
+  }
+  // Checks the link to `remote` uses this fixture's transport.
+  void ExpectLinkType(const Hixl& e, const std::string& remote) {
+    if (link_.empty()) return;
+    LinkType t = LinkType::AUTO;
+    Status s = e.GetLinkType(remote, t);
+    ASSERT_TRUE(s.ok()) << "GetLinkType -> " << s.ToString();
+    ASSERT_EQ(t, hixl_test::LinkTypeOf(link_)) << "LinkType=" << link_;
+  }
+  void ConnectTo(Hixl& e, const PeerProcess& p) {
+    HIXL_ASSERT_OK(e.Connect(p.engine(), kConnectMs));
+    ASSERT_NO_FATAL_FAILURE(ExpectLinkType(e, p.engine()));
+  }
+
+  // SIGSTOP, and wait (bounded) until the kernel reports it stopped.
+  void Stop(PeerProcess& p) {
+    ASSERT_TRUE(p.running());
+    stopped_.insert(p.pid());
+    ASSERT_EQ(kill(p.pid(), SIGSTOP), 0) << strerror(errno);
+    ASSERT_TRUE(PollUntil([&] { return ProcState(p.pid()) == 'T'; }, 5000))
+        << "peer " << p.pid() << " did not stop";
+  }
+  void Cont(PeerProcess& p) {
+    if (p.running()) kill(p.pid(), SIGCONT);
+  }
+  // A thread that SIGCONTs the peer after `ms` (joined by JoinConts/TearDown).
+  void ContAfter(PeerProcess& p, int ms) {
+    const pid_t pid = p.pid();
+    conts_.emplace_back([pid, ms] {
+      SleepMs(ms);
+      kill(pid, SIGCONT);
+    });
+  }
+  void JoinConts() {
+    for (auto& t : conts_) t.join();
+    conts_.clear();
+  }
+
+  // A buffer that outlives TearDown's Finalize (async requests may use it).
+  Buffer& KeptBuffer(size_t size, int fill = 0) {
+    kept_.push_back(std::make_unique<Buffer>(size, fill));
+    return *kept_.back();
+  }
+
+  Status Write(Hixl& e, const PeerProcess& p, uintptr_t local, uintptr_t remote, size_t len,
+               int timeout_ms = 30000) {
+    return e.TransferSync(p.engine(), TransferOp::WRITE, {{local, remote, len}}, timeout_ms);
+  }
+  Status Read(Hixl& e, const PeerProcess& p, uintptr_t local, uintptr_t remote, size_t len,
+              int timeout_ms = 30000) {
+    return e.TransferSync(p.engine(), TransferOp::READ, {{local, remote, len}}, timeout_ms);
+  }
+
+  void TearDown() override {
+    JoinConts();
+    for (auto& p : peers_) {
+      if (p->running() && stopped_.count(p->pid())) kill(p->pid(), SIGCONT);
+    }
+    engine_.Finalize();
+    engine2_.Finalize();
+    peers_.clear();
+  }
+
+  std::string link_;                           // the initiators' LinkType option; empty: AUTO
+  std::vector<std::unique_ptr<Buffer>> kept_;  // destroyed after TearDown
+  std::vector<std::unique_ptr<PeerProcess>> peers_;
+  std::set<pid_t> stopped_;
+  std::vector<std::thread> conts_;
+  Hixl engine_;
+  Hixl engine2_;
+};
+
+class FailureTest : public FailureBase, public ::testing::WithParamInterface<std::string> {
+ protected:
+  FailureTest() { link_ = GetParam(); }
+  bool tcp() const { return link_ == "TCP"; }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, FailureTest, ValuesIn(hixl_test::AllLinkTypes()),
+                         LinkParamName);
+
+// Tests that need a target that cannot make progress (SIGSTOP) to hold a
+// transfer up: tcp only.
+class TcpFailureTest : public FailureBase {
+ protected:
+  TcpFailureTest() { link_ = "TCP"; }
+};
+
+// ---------------------------------------------------------------------------
+// a. A notification attached to a transfer is queued at the target only after
+// all of the transfer's data is in the target's memory: the peer hashes the
+// bytes the moment it sees the notification. ~300 concurrent writes of
+// varied sizes, to an AllocMem region and to a plain registered one.
+
+class FailureNotifyLoadTest
+    : public FailureBase,
+      public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {
+ protected:
+  FailureNotifyLoadTest() { link_ = std::get<0>(GetParam()); }
+};
+
+TEST_P(FailureNotifyLoadTest, NotificationNeverOvertakesItsData) {
+  const std::string kind = std::get<1>(GetParam());  // "alloc" | "reg"
+  constexpr size_t kCount = 300;
+  // Varied sizes: every 25th 1 MiB, the others 4 KiB .. 4 KiB + 128 KiB
+  // with odd lengths; disjoint offsets in one region (~32 MiB in all).
+  const size_t big = 1 * kMiB / kDiv;
+  const size_t small_span = 128 * kKiB / kDiv;
+  struct Piece {
+    size_t off, len;
+  };
+  std::vector<Piece> plan;
+  size_t total = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    const uint64_t r = hixl_test::SplitMix64(i + 1000);
+    const size_t len = i % 25 == 0 ? big : 4 * kKiB + static_cast<size_t>(r % small_span);
+    plan.push_back({total, len});
+    total += len + static_cast<size_t>((r >> 40) % 64);  // small gaps too
+  }
+  const size_t region = (total + 4095) / 4096 * 4096;
+
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const uintptr_t remote = kind == "alloc" ? peer->Alloc("R", region) : peer->Reg("R", region);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+
+  Buffer& src = KeptBuffer(region);
+  hixl_test::FillPattern(src.data(), region, 0xA11CE);
+  std::vector<TransferArgs> args(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    args[i].user_data = i;
+    // (Built with += : GCC 12 warns falsely (-Wrestrict) on "x" + std::string.)
+    NotifyDesc d;
+    d.name = "n";
+    d.name += std::to_string(i);
+    d.notify_msg = std::to_string(plan[i].off);
+    d.notify_msg += ':';
+    d.notify_msg += std::to_string(plan[i].len);
+    d.notify_msg += ':';
+    d.notify_msg += src.HashHex(plan[i].off, plan[i].len);
+    args[i].notify = std::move(d);
+  }
+
+  std::vector<TransferReq> reqs(kCount, 0);
+  std::vector<std::string> post_errors;
+  std::thread poster([&] {
+    for (size_t i = 0; i < kCount; ++i) {
+      Status s = engine_.TransferAsync(peer->engine(), TransferOp::WRITE,
+                                       {{src.addr(plan[i].off), remote + plan[i].off, plan[i].len}},
+                                       args[i], reqs[i]);
+      if (!s.ok()) post_errors.push_back("req " + std::to_string(i) + ": " + s.ToString());
+    }
+  });
+  const auto t0 = Clock::now();
+  const std::string watch = peer->Send("watchnotify R " + std::to_string(kCount) + " 20000", 30000);
+  poster.join();
+  Measured("watch_" + std::to_string(kCount) + "_notifications_ms", ElapsedMs(t0));
+  EXPECT_TRUE(post_errors.empty()) << post_errors.front();
+  EXPECT_EQ(watch, "OK " + std::to_string(kCount));
+
+  size_t completed = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    if (reqs[i] == 0) continue;
+    Status call, reason;
+    TransferStatus st = hixl_test::WaitForEnd(engine_, reqs[i], 20000, &call, &reason);
+    EXPECT_TRUE(call.ok()) << "req " << i << ": " << call.ToString();
+    EXPECT_EQ(st, TransferStatus::COMPLETED)
+        << "req " << i << " ended " << Name(st) << ": " << reason.ToString();
+    if (st == TransferStatus::COMPLETED) ++completed;
+  }
+  EXPECT_EQ(completed, kCount);
+  // Every notification was taken by watchnotify; none is left or repeated.
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 0");
+  for (size_t i = 0; i < kCount; i += 37) {
+    EXPECT_EQ(peer->Hash("R", plan[i].off, plan[i].len), src.HashHex(plan[i].off, plan[i].len))
+        << "piece " << i;
+  }
+  EXPECT_EQ(peer->Send("canary R"), "OK intact");
+}
+
+std::string NotifyLoadName(
+    const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& i) {
+  return std::get<0>(i.param) + "_" + std::get<1>(i.param);
+}
+INSTANTIATE_TEST_SUITE_P(Transports, FailureNotifyLoadTest,
+                         Combine(ValuesIn(hixl_test::AllLinkTypes()), Values("alloc", "reg")),
+                         NotifyLoadName);
+
+// ---------------------------------------------------------------------------
+// b. SendNotify: the per-sender queue limit, size limits, unconnected peers,
+// and a transfer whose attached notification finds the queue full.
+
+TEST_P(FailureTest, SendNotifyQueueDepthSizesAndFullQueue) {
+  PeerProcess* peer = StartPeer({"NotifyQueueDepth=4"});
+  ASSERT_NE(peer, nullptr);
+  PeerProcess* other = StartPeer();
+  ASSERT_NE(other, nullptr);
+  const size_t n = 1 * kMiB + 13;
+  const uintptr_t remote = peer->Alloc("m", n);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  const std::string to = peer->engine();
+  const std::string me = engine_.LocalEngine();
+
+  // Four fit, the fifth is refused, none is lost; `from` names this engine.
+  for (int i = 0; i < 4; ++i) {
+    HIXL_EXPECT_OK(engine_.SendNotify(
+        to, NotifyDesc{"a" + std::to_string(i), "m" + std::to_string(i), ""}, 5000));
+  }
+  HIXL_EXPECT_CODE(StatusCode::kResourceExhausted,
+                   engine_.SendNotify(to, NotifyDesc{"a4", "m4", ""}, 5000));
+  EXPECT_EQ(peer->Send("getnotifies from"),
+            "OK 4 a0=m0@" + me + " a1=m1@" + me + " a2=m2@" + me + " a3=m3@" + me);
+  // Drained: there is room again.
+  HIXL_EXPECT_OK(engine_.SendNotify(to, NotifyDesc{"a5", "m5", ""}, 5000));
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 1 a5=m5");
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 0");
+
+  // Size limits: 1024 bytes are fine, 1025 are not.
+  const std::string name1024(hixl::kMaxNotifyNameLen, 'N');
+  const std::string msg1024(hixl::kMaxNotifyMsgLen, 'M');
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid,
+                   engine_.SendNotify(to, NotifyDesc{name1024 + "N", "x", ""}, 5000));
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid,
+                   engine_.SendNotify(to, NotifyDesc{"x", msg1024 + "M", ""}, 5000));
+  HIXL_EXPECT_OK(engine_.SendNotify(to, NotifyDesc{name1024, msg1024, ""}, 5000));
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 1 " + name1024 + "=" + msg1024);
+
+  // A live peer this engine never connected to.
+  HIXL_EXPECT_CODE(StatusCode::kNotConnected,
+                   engine_.SendNotify(other->engine(), NotifyDesc{"u", "v", ""}, 2000));
+  EXPECT_EQ(other->Send("getnotifies"), "OK 0");
+
+  // A transfer reports COMPLETED only once the target has queued its
+  // notification: it is there right after TransferSync returns.
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 501);
+  TransferArgs args;
+  args.notify = NotifyDesc{"t1", "done1", ""};
+  HIXL_EXPECT_OK(
+      engine_.TransferSync(to, TransferOp::WRITE, {{src.addr(), remote, n}}, args, 10000));
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 1 t1=done1");
+  EXPECT_EQ(peer->Hash("m", 0, n), src.HashHex());
+
+  // Queue full: the transfer's data is written, its notification refused,
+  // the request ends FAILED with RESOURCE_EXHAUSTED. The queue is per
+  // sender: another engine can still notify.
+  for (int i = 0; i < 4; ++i) {
+    HIXL_EXPECT_OK(engine_.SendNotify(
+        to, NotifyDesc{"b" + std::to_string(i), "q" + std::to_string(i), ""}, 5000));
+  }
+  ASSERT_TRUE(other->Ok("connect " + to + " 5000"));
+  EXPECT_EQ(other->Send("sendnotify " + to + " o1 p1 5000"), "OK");
+  Buffer& src2 = KeptBuffer(n);
+  hixl_test::FillPattern(src2.data(), n, 502);
+  TransferArgs args2;
+  args2.notify = NotifyDesc{"t2", "done2", ""};
+  TransferReq req = 0;
+  HIXL_ASSERT_OK(
+      engine_.TransferAsync(to, TransferOp::WRITE, {{src2.addr(), remote, n}}, args2, req));
+  Status call, reason;
+  TransferStatus st = hixl_test::WaitForEnd(engine_, req, 10000, &call, &reason);
+  ASSERT_TRUE(call.ok()) << call.ToString();
+  EXPECT_EQ(st, TransferStatus::FAILED) << Name(st) << " " << reason.ToString();
+  EXPECT_EQ(reason.code(), StatusCode::kResourceExhausted) << reason.ToString();
+  EXPECT_EQ(peer->Hash("m", 0, n), src2.HashHex()) << "the data must be written anyway";
+  EXPECT_EQ(peer->Send("getnotifies from"), "OK 5 b0=q0@" + me + " b1=q1@" + me + " b2=q2@" + me +
+                                                " b3=q3@" + me + " o1=p1@" + other->engine());
+  // And after draining, an attached notification works again.
+  args.notify = NotifyDesc{"t3", "done3", ""};
+  HIXL_EXPECT_OK(
+      engine_.TransferSync(to, TransferOp::WRITE, {{src.addr(), remote, n}}, args, 10000));
+  EXPECT_EQ(peer->Send("getnotifies"), "OK 1 t3=done3");
+}
+
+// The peer's writenotify and sendnotify commands, the other way round:
+// notifications arrive at this engine (GetNotifies), carrying the sender.
+TEST_P(FailureTest, NotificationsArriveHereFromAPeer) {
+  PeerProcess* peer = StartPeer({"LinkType=" + link_});
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 256 * kKiB + 5;
+  ASSERT_NE(peer->Reg("b", n), 0u);
+  ASSERT_TRUE(peer->Ok("fillpat b 77"));
+  HIXL_ASSERT_OK(Init(engine_));
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(engine_.AllocMem(n, hixl::MemType::MEM_HOST, &mine));
+  ASSERT_TRUE(peer->Ok("connect " + engine_.LocalEngine() + " 5000"));
+  EXPECT_EQ(peer->Send("linktype " + engine_.LocalEngine()),
+            std::string("OK ") + hixl::LinkTypeName(hixl_test::LinkTypeOf(link_)));
+  EXPECT_EQ(peer->Send("sendnotify " + engine_.LocalEngine() + " hello world 5000"), "OK");
+  EXPECT_EQ(peer->Send("writenotify b 0 " + engine_.LocalEngine() + " " +
+                       std::to_string(reinterpret_cast<uintptr_t>(mine)) + " " + std::to_string(n) +
+                       " wn data 10000"),
+            "OK");
+  // writenotify returned: the notification is queued here already.
+  std::vector<NotifyDesc> got;
+  HIXL_ASSERT_OK(engine_.GetNotifies(got));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].name, "hello");
+  EXPECT_EQ(got[0].notify_msg, "world");
+  EXPECT_EQ(got[0].from, peer->engine());
+  EXPECT_EQ(got[1].name, "wn");
+  EXPECT_EQ(got[1].notify_msg, "data");
+  EXPECT_EQ(got[1].from, peer->engine());
+  EXPECT_EQ(hixl_test::HashHex(hixl_test::Fnv1a64(mine, n)), peer->Hash("b", 0, n));
+  got.clear();
+  HIXL_EXPECT_OK(engine_.GetNotifies(got));
+  EXPECT_TRUE(got.empty());
+}
+
+// ---------------------------------------------------------------------------
+// c. The target is SIGKILLed while a large write to it is under way. The
+// request ends within the detection bound; another peer is unaffected.
+
+TEST_P(FailureTest, TargetKilledMidTransferEndsTheRequest) {
+  PeerProcess* other = StartPeer();
+  ASSERT_NE(other, nullptr);
+  const size_t on = 1 * kMiB + 3;
+  const uintptr_t oremote = other->Alloc("m", on);
+  ASSERT_NE(oremote, 0u);
+  PeerProcess* victim = StartPeer();
+  ASSERT_NE(victim, nullptr);
+  // shm: a plain registered region, so the initiator copies into the
+  // target process (CMA) and the copy depends on it being alive.
+  const size_t n = (tcp() ? 256 : 512) * kMiB / kDiv;
+  const uintptr_t remote = victim->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_, kFastHeartbeats));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *other));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *victim));
+  Buffer& src = KeptBuffer(n, 0x5C);
+  const std::string vengine = victim->engine();
+
+  // tcp: stopped first, so the transfer is certainly unfinished at the kill.
+  if (tcp()) {
+    ASSERT_NO_FATAL_FAILURE(Stop(*victim));
+  }
+  TransferReq req = 0;
+  HIXL_ASSERT_OK(engine_.TransferAsync(vengine, TransferOp::WRITE, {{src.addr(), remote, n}},
+                                       TransferArgs{}, req));
+  SleepMs(tcp() ? 50 : 5);
+  const auto t0 = Clock::now();
+  victim->Kill();
+  Status call, reason;
+  const TransferStatus st = hixl_test::WaitForEnd(engine_, req, 4 * kDetectBoundMs, &call, &reason);
+  const long ms = ElapsedMs(t0);
+  Measured("kill_to_end_ms", ms);
+  ASSERT_TRUE(call.ok()) << call.ToString();
+  std::cout << "request ended " << Name(st) << " (" << reason.ToString() << ")" << std::endl;
+  if (tcp()) {
+    EXPECT_EQ(st, TransferStatus::FAILED) << Name(st) << " " << reason.ToString();
+  } else {
+    EXPECT_TRUE(st == TransferStatus::FAILED || st == TransferStatus::COMPLETED)
+        << Name(st) << " " << reason.ToString();
+  }
+  EXPECT_LE(ms, kDetectBoundMs) << "the request did not end within the detection bound";
+
+  // The dead peer's link is dropped (within the detection bound).
+  Status lt;
+  const auto t1 = Clock::now();
+  PollUntil(
+      [&] {
+        LinkType t{};
+        lt = engine_.GetLinkType(vengine, t);
+        return lt.code() == StatusCode::kNotConnected;
+      },
+      kDetectBoundMs, 5);
+  Measured("kill_to_not_connected_ms", ElapsedMs(t0));
+  EXPECT_EQ(lt.code(), StatusCode::kNotConnected)
+      << "GetLinkType of the killed peer -> " << lt.ToString() << " after " << ElapsedMs(t1)
+      << " ms more";
+  Buffer small(4096, 1);
+  HIXL_EXPECT_CODE(
+      StatusCode::kNotConnected,
+      engine_.TransferSync(vengine, TransferOp::WRITE, {{small.addr(), remote, 4096}}, 2000));
+
+  // The other peer is unaffected.
+  Buffer osrc(on);
+  hixl_test::FillPattern(osrc.data(), on, 31);
+  HIXL_EXPECT_OK(Write(engine_, *other, osrc.addr(), oremote, on, 10000));
+  EXPECT_EQ(other->Hash("m", 0, on), osrc.HashHex());
+  Buffer odst(on);
+  HIXL_EXPECT_OK(Read(engine_, *other, odst.addr(), oremote, on, 10000));
+  EXPECT_EQ(odst.HashHex(), osrc.HashHex());
+  EXPECT_NO_FATAL_FAILURE(ExpectLinkType(engine_, other->engine()));
+}
+
+// The detection tests give only the initiator short heartbeats; the peers
+// keep the default (1000 ms). A healthy idle peer must not be declared dead
+// because its engine was configured differently.
+TEST_P(FailureTest, HealthyIdlePeerWithDefaultHeartbeatsStaysConnected) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 64 * kKiB;
+  const uintptr_t remote = peer->Alloc("m", n);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_, kFastHeartbeats));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  SleepMs(2500);  // > 2 default heartbeat intervals of the peer
+  EXPECT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::CONNECTED)
+      << "a healthy peer was declared dead";
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 3);
+  Status s = Write(engine_, *peer, src.addr(), remote, n, 10000);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (s.ok()) {
+    EXPECT_EQ(peer->Hash("m", 0, n), src.HashHex());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// d. A hung target (SIGSTOP) is declared dead by heartbeats: a long transfer
+// to it fails within the bound, and once the target resumes no byte of the
+// abandoned transfer lands in its memory. tcp only: on shm the initiator
+// copies by itself, a stopped target does not hold a transfer up.
+
+TEST_F(TcpFailureTest, HungTargetIsDeclaredDeadAndNothingLandsAfterwards) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 64 * kMiB / kDiv;
+  const uintptr_t remote = peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fill R 0x11"));
+  HIXL_ASSERT_OK(Init(engine_, kFastHeartbeats));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& src = KeptBuffer(n);
+  hixl_test::FillPattern(src.data(), n, 64);
+  // While it runs, the peer is not declared dead (else the failure below
+  // would prove nothing about detecting a hung one).
+  SleepMs(1000);
+  ASSERT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::CONNECTED)
+      << "the peer was declared dead while it was running";
+
+  ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+  const auto t0 = Clock::now();
+  Status s = Write(engine_, *peer, src.addr(), remote, n, 30000);
+  const long ms = ElapsedMs(t0);
+  Measured("hung_peer_write_failed_ms", ms);
+  std::cout << "TransferSync to the hung peer -> " << s.ToString() << std::endl;
+  EXPECT_TRUE(s.code() == StatusCode::kFailed || s.code() == StatusCode::kNotConnected)
+      << s.ToString();
+  EXPECT_LE(ms, kDetectBoundMs) << "a hung peer must be declared dead within the bound";
+  {
+    Status lt;
+    PollUntil(
+        [&] {
+          LinkType t{};
+          lt = engine_.GetLinkType(peer->engine(), t);
+          return lt.code() == StatusCode::kNotConnected;
+        },
+        kDetectBoundMs, 5);
+    EXPECT_EQ(lt.code(), StatusCode::kNotConnected) << lt.ToString();
+  }
+
+  Cont(*peer);
+  SleepMs(500);
+  EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0x11, n))
+      << "bytes of the abandoned transfer landed after the target resumed";
+  EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  SleepMs(300);
+  EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0x11, n));
+
+  // The peer lives on: connecting again works.
+  HIXL_EXPECT_OK(engine_.Connect(peer->engine(), kConnectMs));
+  Buffer small(64 * kKiB);
+  hixl_test::FillPattern(small.data(), small.size(), 65);
+  HIXL_EXPECT_OK(Write(engine_, *peer, small.addr(), remote, small.size(), 10000));
+  EXPECT_EQ(peer->Hash("R", 0, small.size()), small.HashHex());
+}
+
+// ---------------------------------------------------------------------------
+// e. A restarted peer (same address) is a new incarnation: new generation,
+// transfers naming the old generation are refused and touch nothing.
+
+TEST_P(FailureTest, RestartedPeerHasANewGenerationAndOldOnesAreRefused) {
+  const int port = hixl_test::UnusedTcpPort();
+  ASSERT_GT(port, 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(port);
+  PeerProcess* a = StartPeer({}, listen);
+  ASSERT_NE(a, nullptr);
+  const std::string addr = a->engine();
+  EXPECT_EQ(addr, listen);
+  const size_t n = 1 * kMiB + 7;
+  const uintptr_t ra = a->Reg("m", n);
+  ASSERT_NE(ra, 0u);
+  HIXL_ASSERT_OK(Init(engine_, kFastHeartbeats));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *a));
+
+  EXPECT_NE(engine_.Generation(), 0u);
+  uint64_t g1 = 0;
+  HIXL_ASSERT_OK(engine_.GetPeerGeneration(addr, g1));
+  EXPECT_NE(g1, 0u);
+  EXPECT_EQ(a->Send("gen"), "OK " + std::to_string(g1));
+  // And the other way round.
+  ASSERT_TRUE(a->Ok("connect " + engine_.LocalEngine() + " 5000"));
+  EXPECT_EQ(a->Send("peergen " + engine_.LocalEngine()),
+            "OK " + std::to_string(engine_.Generation()));
+  uint64_t none = 0;
+  HIXL_EXPECT_CODE(StatusCode::kNotConnected,
+                   engine_.GetPeerGeneration("127.0.0.1:" + std::to_string(port + 1), none));
+
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 1);
+  TransferArgs with_g1;
+  with_g1.remote_generation = g1;
+  HIXL_EXPECT_OK(
+      engine_.TransferSync(addr, TransferOp::WRITE, {{src.addr(), ra, n}}, with_g1, 10000));
+  EXPECT_EQ(a->Hash("m", 0, n), src.HashHex());
+
+  a->Kill();
+  const auto t0 = Clock::now();
+  Status last;
+  Buffer small(4096, 2);
+  PollUntil(
+      [&] {
+        last = engine_.TransferSync(addr, TransferOp::WRITE, {{small.addr(), ra, 4096}}, 1000);
+        // The data lanes may report the loss a moment before the control
+        // link does (which drops the peer's metadata): wait for both.
+        uint64_t g = 0;
+        return last.code() == StatusCode::kNotConnected &&
+               engine_.GetPeerGeneration(addr, g).code() == StatusCode::kNotConnected;
+      },
+      kDetectBoundMs, 20);
+  Measured("kill_to_not_connected_ms", ElapsedMs(t0));
+  ASSERT_EQ(last.code(), StatusCode::kNotConnected) << last.ToString();
+  HIXL_EXPECT_CODE(StatusCode::kNotConnected, engine_.GetPeerGeneration(addr, none));
+
+  PeerProcess* a2 = StartPeer({}, listen);
+  ASSERT_NE(a2, nullptr) << "a restarted peer could not listen on " << listen;
+  EXPECT_EQ(a2->engine(), addr);
+  const uintptr_t ra2 = a2->Reg("m", n);
+  ASSERT_NE(ra2, 0u);
+  ASSERT_TRUE(a2->Ok("fill m 0x5A"));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *a2));
+  uint64_t g2 = 0;
+  HIXL_ASSERT_OK(engine_.GetPeerGeneration(addr, g2));
+  EXPECT_NE(g2, 0u);
+  EXPECT_NE(g2, g1) << "a restarted peer must have a new generation";
+  EXPECT_EQ(a2->Send("gen"), "OK " + std::to_string(g2));
+
+  // The old generation is refused, both ways, and nothing moves.
+  HIXL_EXPECT_CODE(
+      StatusCode::kParamInvalid,
+      engine_.TransferSync(addr, TransferOp::WRITE, {{src.addr(), ra2, n}}, with_g1, 10000));
+  EXPECT_EQ(a2->Hash("m", 0, n), ConstHashHex(0x5A, n));
+  Buffer dst(n, 0x77);
+  HIXL_EXPECT_CODE(
+      StatusCode::kParamInvalid,
+      engine_.TransferSync(addr, TransferOp::READ, {{dst.addr(), ra2, n}}, with_g1, 10000));
+  EXPECT_EQ(dst.HashHex(), ConstHashHex(0x77, n));
+  EXPECT_EQ(a2->Send("canary m"), "OK intact");
+
+  // The new generation, and 0 (no check), work.
+  TransferArgs with_g2;
+  with_g2.remote_generation = g2;
+  HIXL_EXPECT_OK(
+      engine_.TransferSync(addr, TransferOp::WRITE, {{src.addr(), ra2, n}}, with_g2, 10000));
+  EXPECT_EQ(a2->Hash("m", 0, n), src.HashHex());
+  Buffer src2(n);
+  hixl_test::FillPattern(src2.data(), n, 2);
+  HIXL_EXPECT_OK(engine_.TransferSync(addr, TransferOp::WRITE, {{src2.addr(), ra2, n}},
+                                      TransferArgs{}, 10000));
+  EXPECT_EQ(a2->Hash("m", 0, n), src2.HashHex());
+  HIXL_EXPECT_OK(
+      engine_.TransferSync(addr, TransferOp::READ, {{dst.addr(), ra2, n}}, with_g2, 10000));
+  EXPECT_EQ(dst.HashHex(), src2.HashHex());
+}
+
+// ---------------------------------------------------------------------------
+// f. The timeout fence: a transfer that returned TIMEOUT never writes a byte
+// afterwards, into either side's memory.
+
+// tcp: the target is stopped for 1.5 s (not long enough to be declared dead
+// with the default heartbeats, 1000 ms x 3); the transfer has a 200 ms
+// deadline. It may return only after the target resumed.
+class FailureTcpFenceTest : public FailureBase, public ::testing::WithParamInterface<TransferOp> {
+ protected:
+  FailureTcpFenceTest() { link_ = "TCP"; }
+};
+
+TEST_P(FailureTcpFenceTest, NothingLandsAfterATimeout) {
+  const TransferOp op = GetParam();
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 64 * kMiB / kDiv;
+  const uintptr_t remote = peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fillpat R 9"));
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& local = KeptBuffer(n);
+  if (op == TransferOp::WRITE) hixl_test::FillPattern(local.data(), n, 10);
+
+  ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+  ContAfter(*peer, 1500);
+  const auto t0 = Clock::now();
+  Status s = engine_.TransferSync(peer->engine(), op, {{local.addr(), remote, n}}, 200);
+  Measured("timeout_returned_ms", ElapsedMs(t0));
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+
+  if (op == TransferOp::WRITE) {
+    // Sent at once: if the peer is still stopped, the fill runs the moment
+    // it resumes, racing with anything of the transfer still on its way.
+    ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAB, n))
+        << "bytes of the timed-out WRITE landed after it returned";
+    EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  } else {
+    std::memset(local.data(), 0xAB, n);
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(local.HashHex(), ConstHashHex(0xAB, n))
+        << "bytes of the timed-out READ landed after it returned";
+  }
+
+  // The peer was never declared dead: the link still works.
+  Buffer small(64 * kKiB);
+  hixl_test::FillPattern(small.data(), small.size(), 11);
+  HIXL_EXPECT_OK(Write(engine_, *peer, small.addr(), remote, small.size(), 10000));
+  EXPECT_EQ(peer->Hash("R", 0, small.size()), small.HashHex());
+}
+
+std::string OpName(const ::testing::TestParamInfo<TransferOp>& i) {
+  return i.param == TransferOp::WRITE ? "WRITE" : "READ";
+}
+INSTANTIATE_TEST_SUITE_P(Ops, FailureTcpFenceTest, Values(TransferOp::WRITE, TransferOp::READ),
+                         OpName);
+
+// shm: the initiator copies by itself; a 512 MiB transfer with a 1 ms
+// deadline times out (a rep that happens to complete is skipped), and the
+// copy threads must have stopped when it returns. AllocMem memory (mapped)
+// and plain registered memory (CMA).
+class FailureShmFenceTest
+    : public FailureBase,
+      public ::testing::WithParamInterface<std::tuple<TransferOp, std::string>> {
+ protected:
+  FailureShmFenceTest() { link_ = "SHM"; }
+};
+
+TEST_P(FailureShmFenceTest, NothingLandsAfterATimeout) {
+  const TransferOp op = std::get<0>(GetParam());
+  const std::string kind = std::get<1>(GetParam());
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 512 * kMiB / kDiv;
+  const uintptr_t remote = kind == "alloc" ? peer->Alloc("R", n) : peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fill R 0x3C"));
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& local = KeptBuffer(n, 0x3D);
+  const std::string want = ConstHashHex(0xAB, n);
+
+  int timeouts = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    if (op == TransferOp::WRITE) std::memset(local.data(), 0x40 + rep, n);
+    const auto t0 = Clock::now();
+    Status s = engine_.TransferSync(peer->engine(), op, {{local.addr(), remote, n}}, 1);
+    const long ms = ElapsedMs(t0);
+    Measured("rep" + std::to_string(rep) + "_returned_ms", ms);
+    if (s.ok()) {
+      std::cout << "rep " << rep << ": completed within 1 ms, skipped" << std::endl;
+      continue;
+    }
+    EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+    if (s.code() != StatusCode::kTimeout) continue;
+    ++timeouts;
+    if (op == TransferOp::WRITE) {
+      ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+      SleepMs(500);
+      EXPECT_EQ(peer->Hash("R", 0, n), want)
+          << "rep " << rep << ": bytes of the timed-out WRITE landed after it returned";
+    } else {
+      std::memset(local.data(), 0xAB, n);
+      SleepMs(500);
+      EXPECT_EQ(local.HashHex(), want)
+          << "rep " << rep << ": bytes of the timed-out READ landed after it returned";
+    }
+  }
+  std::cout << timeouts << " of 2 reps timed out" << std::endl;
+  EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  // The link still works.
+  Buffer small(64 * kKiB);
+  hixl_test::FillPattern(small.data(), small.size(), 12);
+  HIXL_EXPECT_OK(Write(engine_, *peer, small.addr(), remote, small.size(), 10000));
+  EXPECT_EQ(peer->Hash("R", 0, small.size()), small.HashHex());
+}
+
+std::string ShmFenceName(const ::testing::TestParamInfo<std::tuple<TransferOp, std::string>>& i) {
+  return std::string(std::get<0>(i.param) == TransferOp::WRITE ? "WRITE" : "READ") + "_" +
+         std::get<1>(i.param);
+}
+INSTANTIATE_TEST_SUITE_P(OpsAndMemory, FailureShmFenceTest,
+                         Combine(Values(TransferOp::WRITE, TransferOp::READ),
+                                 Values("alloc", "reg")),
+                         ShmFenceName);
+
+// ---------------------------------------------------------------------------
+// g. Async deadlines (TransferArgs::timeout_ms) and CancelTransfer, against a
+// target stopped for 1.5 s (tcp).
+
+TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 64 * kMiB / kDiv;
+  const uintptr_t remote = peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fillpat R 3"));
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& src = KeptBuffer(n);
+  hixl_test::FillPattern(src.data(), n, 4);
+  Buffer& dst = KeptBuffer(n);
+  const std::string to = peer->engine();
+
+  // Unknown requests.
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(0));
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(0x7fffffffffffull));
+
+  // Cancelling a request that already ended: OK, and its real end is reported.
+  {
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, 4096}},
+                                         TransferArgs{}, req));
+    SleepMs(1000);
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::COMPLETED) << Name(st) << " " << reason.ToString();
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.GetTransferStatus(req, st));
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(req));
+  }
+
+  // A deadline: TIMEOUT, not before it passed; nothing lands afterwards.
+  {
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferArgs args;
+    args.timeout_ms = 100;
+    TransferReq req = 0;
+    const auto t0 = Clock::now();
+    HIXL_ASSERT_OK(
+        engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, n}}, args, req));
+    Status call, reason;
+    TransferStatus st = hixl_test::WaitForEnd(engine_, req, 10000 * kSlow, &call, &reason);
+    const long ms = ElapsedMs(t0);
+    Measured("async_deadline_ended_ms", ms);
+    ASSERT_TRUE(call.ok()) << call.ToString();
+    EXPECT_EQ(st, TransferStatus::TIMEOUT) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kTimeout) << reason.ToString();
+    EXPECT_GE(ms, 100) << "ended TIMEOUT before its deadline";
+    ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAB, n))
+        << "bytes of the timed-out async WRITE landed after it ended";
+  }
+
+  // Cancel a READ: CANCELLED with kCancelled; the local buffer is ours again.
+  {
+    ASSERT_TRUE(peer->Ok("fillpat R 5"));
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::READ, {{dst.addr(), remote, n}},
+                                         TransferArgs{}, req));
+    SleepMs(50);
+    const auto t0 = Clock::now();
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    Measured("cancel_read_returned_ms", ElapsedMs(t0));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::CANCELLED) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kCancelled) << reason.ToString();
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.GetTransferStatus(req, st));
+    std::memset(dst.data(), 0xAB, n);
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(dst.HashHex(), ConstHashHex(0xAB, n))
+        << "bytes of the cancelled READ landed after CancelTransfer returned";
+  }
+
+  // Cancel a WRITE: nothing lands after CancelTransfer returned.
+  {
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, n}},
+                                         TransferArgs{}, req));
+    SleepMs(50);
+    const auto t0 = Clock::now();
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    Measured("cancel_write_returned_ms", ElapsedMs(t0));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::CANCELLED) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kCancelled) << reason.ToString();
+    ASSERT_TRUE(peer->Ok("fill R 0xAC"));
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAC, n))
+        << "bytes of the cancelled WRITE landed after CancelTransfer returned";
+    EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  }
+
+  // The link still works.
+  HIXL_EXPECT_OK(Write(engine_, *peer, src.addr(), remote, n, 30000));
+  EXPECT_EQ(peer->Hash("R", 0, n), src.HashHex());
+}
+
+// ---------------------------------------------------------------------------
+// h. AutoConnect.
+
+TEST_P(FailureTest, AutoConnectConnectsOnDemand) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  PeerProcess* peer2 = StartPeer();
+  ASSERT_NE(peer2, nullptr);
+  const size_t n = 1 * kMiB + 9;
+  const uintptr_t remote = peer->Alloc("m", n);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_, {{opt::kAutoConnect, "1"}}));
+  EXPECT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::NOT_CONNECTED);
+
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 808);
+  HIXL_EXPECT_OK(Write(engine_, *peer, src.addr(), remote, n, 10000));
+  EXPECT_EQ(peer->Hash("m", 0, n), src.HashHex());
+  EXPECT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::CONNECTED);
+  EXPECT_NO_FATAL_FAILURE(ExpectLinkType(engine_, peer->engine()));
+  Buffer dst(n);
+  HIXL_EXPECT_OK(Read(engine_, *peer, dst.addr(), remote, n, 10000));
+  EXPECT_EQ(dst.HashHex(), src.HashHex());
+
+  // A notification to another never-connected peer.
+  HIXL_EXPECT_OK(engine_.SendNotify(peer2->engine(), NotifyDesc{"hi", "there", ""}, 5000));
+  EXPECT_EQ(peer2->Send("getnotifies"), "OK 1 hi=there");
+  EXPECT_EQ(GetCs(engine_, peer2->engine()), ConnectStatus::CONNECTED);
+
+  // Nothing listens there: the on-demand connect fails, boundedly.
+  const std::string nobody = "127.0.0.1:" + std::to_string(hixl_test::UnusedTcpPort());
+  const auto t0 = Clock::now();
+  Status s = engine_.TransferSync(nobody, TransferOp::WRITE, {{src.addr(), remote, 4096}}, 10000);
+  Measured("autoconnect_to_nobody_ms", ElapsedMs(t0));
+  EXPECT_FALSE(s.ok());
+  EXPECT_LE(ElapsedMs(t0), 5000 * kSlow) << s.ToString();
+
+  // Without the option: NOT_CONNECTED, and nothing is sent.
+  HIXL_ASSERT_OK(Init(engine2_));
+  HIXL_EXPECT_CODE(
+      StatusCode::kNotConnected,
+      engine2_.TransferSync(peer->engine(), TransferOp::WRITE, {{dst.addr(), remote, n}}, 5000));
+  HIXL_EXPECT_CODE(StatusCode::kNotConnected,
+                   engine2_.SendNotify(peer2->engine(), NotifyDesc{"no", "way", ""}, 2000));
+  EXPECT_EQ(GetCs(engine2_, peer->engine()), ConnectStatus::NOT_CONNECTED);
+  EXPECT_EQ(peer2->Send("getnotifies"), "OK 0");
+  EXPECT_EQ(peer->Hash("m", 0, n), src.HashHex());
+}
+
+// ---------------------------------------------------------------------------
+// i. ConnectAsync and GetConnectStatus.
+
+TEST_P(FailureTest, ConnectAsyncReportsProgressAndFailure) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  PeerProcess* hung = StartPeer();
+  ASSERT_NE(hung, nullptr);
+  const size_t n = 256 * kKiB;
+  const uintptr_t remote = peer->Alloc("m", n);
+  ASSERT_NE(remote, 0u);
+  HIXL_ASSERT_OK(Init(engine_));
+  EXPECT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::NOT_CONNECTED);
+
+  // A live peer: CONNECTING (maybe too short to see), then CONNECTED.
+  HIXL_ASSERT_OK(engine_.ConnectAsync(peer->engine(), 5000));
+  std::vector<ConnectStatus> seen;
+  const auto t0 = Clock::now();
+  PollUntil(
+      [&] {
+        ConnectStatus cs = GetCs(engine_, peer->engine());
+        if (seen.empty() || seen.back() != cs) seen.push_back(cs);
+        return cs != ConnectStatus::CONNECTING;
+      },
+      10000 * kSlow, 1);
+  Measured("connect_async_ms", ElapsedMs(t0));
+  std::string trace;
+  for (ConnectStatus cs : seen) trace += std::string(Name(cs)) + " ";
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), ConnectStatus::CONNECTED) << trace;
+  for (size_t i = 0; i + 1 < seen.size(); ++i) {
+    EXPECT_EQ(seen[i], ConnectStatus::CONNECTING) << trace;
+  }
+  std::cout << "observed: " << trace << std::endl;
+  ASSERT_NO_FATAL_FAILURE(ExpectLinkType(engine_, peer->engine()));
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 9);
+  HIXL_EXPECT_OK(Write(engine_, *peer, src.addr(), remote, n, 10000));
+  EXPECT_EQ(peer->Hash("m", 0, n), src.HashHex());
+  HIXL_EXPECT_CODE(StatusCode::kAlreadyConnected, engine_.ConnectAsync(peer->engine(), 1000));
+  EXPECT_EQ(GetCs(engine_, peer->engine()), ConnectStatus::CONNECTED);
+
+  // Nothing listens there: FAILED, with the reason.
+  const std::string nobody = "127.0.0.1:" + std::to_string(hixl_test::UnusedTcpPort());
+  HIXL_ASSERT_OK(engine_.ConnectAsync(nobody, 300));
+  Status reason;
+  ConnectStatus cs = ConnectStatus::CONNECTING;
+  PollUntil(
+      [&] {
+        cs = GetCs(engine_, nobody, &reason);
+        return cs != ConnectStatus::CONNECTING;
+      },
+      5000 * kSlow, 2);
+  EXPECT_EQ(cs, ConnectStatus::FAILED) << Name(cs);
+  EXPECT_FALSE(reason.ok()) << "a FAILED connect must say why";
+  std::cout << "connect to nobody: " << Name(cs) << " (" << reason.ToString() << ")" << std::endl;
+
+  // An attempt under way (the target is stopped, it cannot answer): a second
+  // ConnectAsync is ALREADY_CONNECTED; the attempt times out FAILED; once
+  // the target runs again a new attempt succeeds.
+  ASSERT_NO_FATAL_FAILURE(Stop(*hung));
+  HIXL_ASSERT_OK(engine_.ConnectAsync(hung->engine(), 1000));
+  EXPECT_EQ(GetCs(engine_, hung->engine()), ConnectStatus::CONNECTING);
+  HIXL_EXPECT_CODE(StatusCode::kAlreadyConnected, engine_.ConnectAsync(hung->engine(), 1000));
+  const auto t1 = Clock::now();
+  PollUntil(
+      [&] {
+        cs = GetCs(engine_, hung->engine(), &reason);
+        return cs != ConnectStatus::CONNECTING;
+      },
+      10000 * kSlow, 5);
+  Measured("connect_async_to_stopped_peer_failed_ms", ElapsedMs(t1));
+  EXPECT_EQ(cs, ConnectStatus::FAILED) << Name(cs);
+  EXPECT_FALSE(reason.ok());
+  std::cout << "connect to a stopped peer: " << Name(cs) << " (" << reason.ToString() << ")"
+            << std::endl;
+  Cont(*hung);
+  HIXL_ASSERT_OK(engine_.ConnectAsync(hung->engine(), 5000));
+  PollUntil(
+      [&] {
+        cs = GetCs(engine_, hung->engine(), &reason);
+        return cs != ConnectStatus::CONNECTING;
+      },
+      10000 * kSlow, 2);
+  EXPECT_EQ(cs, ConnectStatus::CONNECTED) << Name(cs) << " " << reason.ToString();
+  EXPECT_NO_FATAL_FAILURE(ExpectLinkType(engine_, hung->engine()));
+}
+
+// ---------------------------------------------------------------------------
+// j. MaxPeers: connecting beyond the limit evicts idle links, least recently
+// used first, down to PeersLowWater; busy links are never evicted.
+
+TEST_P(FailureTest, MaxPeersEvictsTheLeastRecentlyUsedIdleLink) {
+  PeerProcess* p[3];
+  uintptr_t r[3];
+  const size_t n = 64 * kKiB;
+  for (int i = 0; i < 3; ++i) {
+    p[i] = StartPeer();
+    ASSERT_NE(p[i], nullptr);
+    r[i] = p[i]->Alloc("m", n);
+    ASSERT_NE(r[i], 0u);
+  }
+  HIXL_ASSERT_OK(Init(engine_, {{opt::kMaxPeers, "2"}, {opt::kPeersLowWater, "1"}}));
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 5);
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *p[0]));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *p[1]));
+  // Use p1, then p0: p1 is the least recently used.
+  HIXL_EXPECT_OK(Write(engine_, *p[1], src.addr(), r[1], n, 10000));
+  HIXL_EXPECT_OK(Write(engine_, *p[0], src.addr(), r[0], n, 10000));
+
+  HIXL_EXPECT_OK(engine_.Connect(p[2]->engine(), kConnectMs));
+  EXPECT_EQ(GetCs(engine_, p[1]->engine()), ConnectStatus::NOT_CONNECTED) << "LRU p1 evicted";
+  EXPECT_EQ(GetCs(engine_, p[0]->engine()), ConnectStatus::CONNECTED)
+      << "one link (PeersLowWater=1) is kept";
+  EXPECT_EQ(GetCs(engine_, p[2]->engine()), ConnectStatus::CONNECTED);
+  HIXL_EXPECT_CODE(StatusCode::kNotConnected, Write(engine_, *p[1], src.addr(), r[1], n, 5000));
+  HIXL_EXPECT_OK(Write(engine_, *p[0], src.addr(), r[0], n, 10000));
+  HIXL_EXPECT_OK(Write(engine_, *p[2], src.addr(), r[2], n, 10000));
+  EXPECT_EQ(p[2]->Hash("m", 0, n), src.HashHex());
+
+  // Now p0 (used before p2) is the least recently used.
+  HIXL_EXPECT_OK(engine_.Connect(p[1]->engine(), kConnectMs));
+  EXPECT_EQ(GetCs(engine_, p[0]->engine()), ConnectStatus::NOT_CONNECTED) << "LRU p0 evicted";
+  EXPECT_EQ(GetCs(engine_, p[2]->engine()), ConnectStatus::CONNECTED);
+  EXPECT_EQ(GetCs(engine_, p[1]->engine()), ConnectStatus::CONNECTED);
+  HIXL_EXPECT_OK(Write(engine_, *p[1], src.addr(), r[1], n, 10000));
+  EXPECT_EQ(p[1]->Hash("m", 0, n), src.HashHex());
+}
+
+TEST_F(TcpFailureTest, MaxPeersNeverEvictsBusyLinks) {
+  PeerProcess* p[3];
+  uintptr_t r[3];
+  const size_t n = 32 * kMiB / kDiv;
+  for (int i = 0; i < 3; ++i) {
+    p[i] = StartPeer();
+    ASSERT_NE(p[i], nullptr);
+    r[i] = p[i]->Reg("R", n);
+    ASSERT_NE(r[i], 0u);
+  }
+  HIXL_ASSERT_OK(Init(engine_, {{opt::kMaxPeers, "2"}, {opt::kPeersLowWater, "1"}}));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *p[0]));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *p[1]));
+  Buffer& src = KeptBuffer(n);
+  hixl_test::FillPattern(src.data(), n, 6);
+
+  // Both links busy: a transfer in flight on each (their targets stopped).
+  ASSERT_NO_FATAL_FAILURE(Stop(*p[0]));
+  ASSERT_NO_FATAL_FAILURE(Stop(*p[1]));
+  TransferReq req[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    HIXL_ASSERT_OK(engine_.TransferAsync(p[i]->engine(), TransferOp::WRITE, {{src.addr(), r[i], n}},
+                                         TransferArgs{}, req[i]));
+  }
+  HIXL_EXPECT_CODE(StatusCode::kResourceExhausted, engine_.Connect(p[2]->engine(), kConnectMs));
+  EXPECT_EQ(GetCs(engine_, p[0]->engine()), ConnectStatus::CONNECTED);
+  EXPECT_EQ(GetCs(engine_, p[1]->engine()), ConnectStatus::CONNECTED);
+  EXPECT_NE(GetCs(engine_, p[2]->engine()), ConnectStatus::CONNECTED);
+  Cont(*p[0]);
+  Cont(*p[1]);
+  for (int i = 0; i < 2; ++i) {
+    Status call, reason;
+    TransferStatus st = hixl_test::WaitForEnd(engine_, req[i], 20000 * kSlow, &call, &reason);
+    EXPECT_TRUE(call.ok()) << call.ToString();
+    EXPECT_EQ(st, TransferStatus::COMPLETED) << i << ": " << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(p[i]->Hash("R", 0, n), src.HashHex());
+  }
+
+  // Idle again: the third connect evicts one of them.
+  HIXL_EXPECT_OK(engine_.Connect(p[2]->engine(), kConnectMs));
+  const int connected = (GetCs(engine_, p[0]->engine()) == ConnectStatus::CONNECTED) +
+                        (GetCs(engine_, p[1]->engine()) == ConnectStatus::CONNECTED);
+  EXPECT_EQ(connected, 1);
+  EXPECT_EQ(GetCs(engine_, p[2]->engine()), ConnectStatus::CONNECTED);
+}
+
+}  // namespace
