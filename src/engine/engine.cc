@@ -211,12 +211,12 @@ void Hixl::Impl::Finalize() {
   if (!initialized_.exchange(false)) return;
   // 0. Connect attempts under way end (each is bounded by its timeout).
   {
-    std::vector<std::thread> threads;
+    std::vector<ConnectThread> threads;
     {
       std::lock_guard<std::mutex> lock(connect_mu_);
       threads.swap(connect_threads_);
     }
-    for (auto& t : threads) t.join();
+    for (auto& t : threads) t.thread.join();
     std::lock_guard<std::mutex> lock(connect_mu_);
     attempts_.clear();
   }
@@ -672,19 +672,32 @@ Status Hixl::Impl::ConnectAsync(const std::string& remote, int32_t timeout_ms) {
   if (it != attempts_.end() && it->second.state == ConnectStatus::CONNECTING) {
     return Status::AlreadyConnected("a connect to " + key + " is under way");
   }
+  // Threads of attempts that ended are joined here (and the rest by Finalize).
+  for (auto t = connect_threads_.begin(); t != connect_threads_.end();) {
+    if (t->done->load(std::memory_order_acquire)) {
+      t->thread.join();
+      t = connect_threads_.erase(t);
+    } else {
+      ++t;
+    }
+  }
   attempts_[key] = ConnectAttempt{};
-  connect_threads_.emplace_back([this, key, timeout_ms] {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread th([this, key, timeout_ms, done] {
     Status s = Connect(key, timeout_ms);
     std::lock_guard<std::mutex> l(connect_mu_);
     auto a = attempts_.find(key);
-    if (a == attempts_.end()) return;
-    if (s.ok()) {
-      attempts_.erase(a);  // the link itself tells from now on
-    } else {
-      a->second.state = ConnectStatus::FAILED;
-      a->second.reason = s;
+    if (a != attempts_.end()) {
+      if (s.ok()) {
+        attempts_.erase(a);  // the link itself tells from now on
+      } else {
+        a->second.state = ConnectStatus::FAILED;
+        a->second.reason = s;
+      }
     }
+    done->store(true, std::memory_order_release);
   });
+  connect_threads_.push_back(ConnectThread{std::move(th), std::move(done)});
   return Status::Ok();
 }
 

@@ -234,7 +234,11 @@ class Hixl::Impl {
 
   mutable std::mutex connect_mu_;
   std::unordered_map<std::string, ConnectAttempt> attempts_;
-  std::vector<std::thread> connect_threads_;
+  struct ConnectThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<ConnectThread> connect_threads_;
 
   std::mutex dereg_mu_;
   std::condition_variable dereg_cv_;

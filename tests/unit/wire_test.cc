@@ -1,10 +1,11 @@
 // Unit tests of the control-message encoding and the protocol decoders: every
 // malformed input is refused with a status, never a crash.
+#include "common/wire.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "common/wire.h"
 #include "control/protocol.h"
 
 namespace hixl {
@@ -130,10 +131,10 @@ TEST(Protocol, RejectsBadIdentityAndRegions) {
     return control::DecodeRegionAdd(Roundtrip(control::EncodeRegionAdd({r})), out);
   };
   EXPECT_TRUE(bad_region({1, 4096, 10, 1, false}).ok());
-  EXPECT_FALSE(bad_region({0, 4096, 10, 1, false}).ok());              // id 0
-  EXPECT_FALSE(bad_region({1, 4096, 0, 1, false}).ok());               // empty
-  EXPECT_FALSE(bad_region({1, UINT64_MAX - 5, 10, 1, false}).ok());    // wraps
-  EXPECT_FALSE(bad_region({1, 4096, 10, 8, false}).ok());              // unknown perm bit
+  EXPECT_FALSE(bad_region({0, 4096, 10, 1, false}).ok());            // id 0
+  EXPECT_FALSE(bad_region({1, 4096, 0, 1, false}).ok());             // empty
+  EXPECT_FALSE(bad_region({1, UINT64_MAX - 5, 10, 1, false}).ok());  // wraps
+  EXPECT_FALSE(bad_region({1, 4096, 10, 8, false}).ok());            // unknown perm bit
   wire::Msg weird = control::EncodeRegionAdd({});
   weird["regions"] = wire::Msg::array({"not a map"});
   EXPECT_FALSE(control::DecodeRegionAdd(Roundtrip(weird), out).ok());
@@ -147,6 +148,59 @@ TEST(Protocol, RejectsBadIdentityAndRegions) {
   EXPECT_FALSE(control::DecodeRegionDel(Roundtrip(del), seq, ids).ok());
 }
 
+TEST(Protocol, NotifyAckAndHeartbeatFieldsAreChecked) {
+  // Names and messages are bytes (any values), at most 1024 each.
+  const std::string name("a\0b\xff", 4), msg(1024, '\x80');
+  uint64_t seq = 0;
+  std::string n, m;
+  ASSERT_TRUE(
+      control::DecodeNotify(Roundtrip(control::EncodeNotify(7, name, msg)), seq, n, m).ok());
+  EXPECT_EQ(seq, 7u);
+  EXPECT_EQ(n, name);
+  EXPECT_EQ(m, msg);
+  EXPECT_FALSE(
+      control::DecodeNotify(Roundtrip(control::EncodeNotify(7, name, msg + "x")), seq, n, m).ok());
+  EXPECT_FALSE(control::DecodeNotify(
+                   Roundtrip(control::EncodeNotify(7, std::string(1025, 'n'), "")), seq, n, m)
+                   .ok());
+  wire::Msg bad = control::EncodeNotify(7, "n", "m");
+  bad["n"] = "a string, not bytes";
+  EXPECT_FALSE(control::DecodeNotify(Roundtrip(bad), seq, n, m).ok());
+  bad = control::EncodeNotify(7, "n", "m");
+  bad.erase("seq");
+  EXPECT_FALSE(control::DecodeNotify(Roundtrip(bad), seq, n, m).ok());
+
+  uint32_t code = 0;
+  std::string why;
+  ASSERT_TRUE(
+      control::DecodeNotifyAck(Roundtrip(control::EncodeNotifyAck(3, 7, "full")), seq, code, why)
+          .ok());
+  EXPECT_EQ(code, 7u);
+  EXPECT_EQ(why, "full");
+  EXPECT_FALSE(
+      control::DecodeNotifyAck(Roundtrip(control::EncodeNotifyAck(3, 9999, "")), seq, code, why)
+          .ok());
+  EXPECT_FALSE(
+      control::DecodeNotifyAck(Roundtrip(control::EncodeNotifyAck(3, 1, std::string(2000, 'w'))),
+                               seq, code, why)
+          .ok());
+
+  // The heartbeat interval in hello/welcome: optional, else within bounds.
+  control::Hello h;
+  wire::Msg hello = control::EncodeHello({control::kProtocolVersion, "e", 1, "h", 1});
+  hello.erase("hb");
+  ASSERT_TRUE(control::DecodeHello(Roundtrip(hello), h).ok());
+  EXPECT_EQ(h.hb_ms, control::kDefaultHeartbeatMs);
+  hello["hb"] = 250u;
+  ASSERT_TRUE(control::DecodeHello(Roundtrip(hello), h).ok());
+  EXPECT_EQ(h.hb_ms, 250u);
+  for (const wire::Msg& v :
+       {wire::Msg(0u), wire::Msg(1u << 31), wire::Msg("fast"), wire::Msg(-5)}) {
+    hello["hb"] = v;
+    EXPECT_FALSE(control::DecodeHello(Roundtrip(hello), h).ok()) << v.dump();
+  }
+}
+
 // Random bytes and randomly damaged valid frames never crash the decoders.
 TEST(Protocol, SurvivesRandomInput) {
   std::mt19937_64 rng(12345);
@@ -155,15 +209,19 @@ TEST(Protocol, SurvivesRandomInput) {
   w.generation = 9;
   w.host = "h";
   w.pid = 5;
-  for (int i = 0; i < 20; ++i) w.regions.push_back({uint64_t(i + 1), 4096u * (i + 1), 100, 3, i % 2 == 0});
-  auto valid = wire::EncodeFrame(control::EncodeWelcome(w));
+  for (int i = 0; i < 20; ++i)
+    w.regions.push_back({uint64_t(i + 1), 4096u * (i + 1), 100, 3, i % 2 == 0});
+  const std::vector<std::vector<uint8_t>> valids = {
+      wire::EncodeFrame(control::EncodeWelcome(w)),
+      wire::EncodeFrame(control::EncodeNotify(5, "layer-3", std::string(300, 'x'))),
+      wire::EncodeFrame(control::EncodeNotifyAck(5, 7, "queue full"))};
   for (int iter = 0; iter < 5000; ++iter) {
     std::vector<uint8_t> buf;
     if (iter % 2 == 0) {
       buf.resize(rng() % 256);
       for (auto& b : buf) b = static_cast<uint8_t>(rng());
     } else {
-      buf = valid;
+      buf = valids[static_cast<size_t>(iter / 2) % valids.size()];
       for (int k = 0; k < 4; ++k) buf[8 + rng() % (buf.size() - 8)] = static_cast<uint8_t>(rng());
     }
     wire::FrameReader r;
@@ -178,6 +236,11 @@ TEST(Protocol, SurvivesRandomInput) {
       (void)control::DecodeWelcome(m, out);
       (void)control::DecodeHello(m, hout);
       (void)control::DecodeRegionAdd(m, regions);
+      uint64_t seq = 0;
+      uint32_t code = 0;
+      std::string a, b;
+      (void)control::DecodeNotify(m, seq, a, b);
+      (void)control::DecodeNotifyAck(m, seq, code, a);
     }
   }
 }
