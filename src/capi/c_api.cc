@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "engine/options.h"
 #include "hixl/hixl.h"
 
 static_assert(HIXL_SUCCESS == static_cast<int>(hixl::StatusCode::kSuccess));
@@ -162,26 +163,10 @@ std::string JoinHostPort(const std::string& ip, int64_t port) {
 }
 
 // The C++ engine option keys a config (or GLOBAL_RESOURCE_CONFIG) may carry:
-// every key of hixl::options (keep in step with hixl.h; the C API tests try
-// each one).
+// every key Initialize accepts (engine/options.h).
 const std::set<std::string>& EngineOptionKeys() {
-  static const std::set<std::string> keys = {
-      hixl::options::kLinkType,
-      hixl::options::kCopyThreads,
-      hixl::options::kEnableUseFabricMem,
-      hixl::options::kDeregisterTimeoutMs,
-      hixl::options::kHandshakeTimeoutMs,
-      hixl::options::kTcpLanes,
-      hixl::options::kTcpSliceSize,
-      hixl::options::kTcpIoThreads,
-      hixl::options::kHeartbeatIntervalMs,
-      hixl::options::kHeartbeatMisses,
-      hixl::options::kAutoConnect,
-      hixl::options::kConnectTimeoutMs,
-      hixl::options::kMaxPeers,
-      hixl::options::kPeersLowWater,
-      hixl::options::kNotifyQueueDepth,
-  };
+  static const std::set<std::string> keys(hixl::engine::OptionKeys().begin(),
+                                          hixl::engine::OptionKeys().end());
   return keys;
 }
 static_assert(std::string_view(HIXL_OPTION_CONNECT_TIMEOUT_MS) == hixl::options::kConnectTimeoutMs);

@@ -19,21 +19,6 @@ namespace hixl {
 
 namespace {
 
-bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
-  if (s.empty() || s.size() > 12) return false;
-  size_t i = (s[0] == '-') ? 1 : 0;
-  if (i == s.size()) return false;
-  int64_t v = 0;
-  for (; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9') return false;
-    v = v * 10 + (s[i] - '0');
-  }
-  if (s[0] == '-') v = -v;
-  if (v < lo || v > hi) return false;
-  out = v;
-  return true;
-}
-
 control::RegionDesc ToDesc(const memory::LocalRegion& r) {
   return control::RegionDesc{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
 }
@@ -56,90 +41,6 @@ std::string PeerKey(const std::string& remote) {
 
 }  // namespace
 
-Status Hixl::Impl::ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
-  Options o;
-  bool low_water_set = false;
-  for (const auto& [key, value] : in) {
-    int64_t v = 0;
-    auto bad = [&](const std::string& expect) {
-      return Status::ParamInvalid("option " + key + "='" + value + "': expected " + expect);
-    };
-    if (key == options::kLinkType) {
-      if (value == "AUTO") {
-        o.link = LinkType::AUTO;
-      } else if (value == "SHM" || value == "HCCS") {
-        o.link = LinkType::SHM;
-      } else if (value == "TCP") {
-        o.link = LinkType::TCP;
-      } else if (value == "UCX" || value == "RDMA") {
-        return Status::Unsupported(
-            "option " + key + "='" + value +
-            "': this build has no such transport (available: AUTO, SHM, TCP)");
-      } else {
-        return bad("AUTO, SHM, HCCS or TCP");
-      }
-    } else if (key == options::kCopyThreads) {
-      if (!ParseInt(value, 1, 64, v)) return bad("an integer 1..64");
-      o.copy_threads = static_cast<int>(v);
-    } else if (key == options::kEnableUseFabricMem) {
-      if (value != "0" && value != "1") return bad("0 or 1");
-      o.fabric_mem = value == "1";
-    } else if (key == options::kDeregisterTimeoutMs) {
-      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
-      o.dereg_timeout_ms = static_cast<int>(v);
-    } else if (key == options::kHandshakeTimeoutMs) {
-      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
-      o.handshake_timeout_ms = static_cast<int>(v);
-    } else if (key == options::kTcpLanes) {
-      if (!ParseInt(value, 1, 64, v)) return bad("an integer 1..64");
-      o.tcp_lanes = static_cast<int>(v);
-    } else if (key == options::kTcpSliceSize) {
-      if (!ParseInt(value, 4096, 64 << 20, v)) return bad("bytes 4096..67108864");
-      o.tcp_slice_size = static_cast<size_t>(v);
-    } else if (key == options::kTcpIoThreads) {
-      if (!ParseInt(value, 1, 16, v)) return bad("an integer 1..16");
-      o.tcp_io_threads = static_cast<int>(v);
-    } else if (key == options::kHeartbeatIntervalMs) {
-      if (!ParseInt(value, 10, 600000, v)) return bad("milliseconds 10..600000");
-      o.hb_interval_ms = static_cast<int>(v);
-    } else if (key == options::kHeartbeatMisses) {
-      if (!ParseInt(value, 1, 1000, v)) return bad("an integer 1..1000");
-      o.hb_misses = static_cast<int>(v);
-    } else if (key == options::kAutoConnect) {
-      if (value != "0" && value != "1") return bad("0 or 1");
-      o.auto_connect = value == "1";
-    } else if (key == options::kConnectTimeoutMs) {
-      if (!ParseInt(value, 1, 3600000, v)) return bad("milliseconds 1..3600000");
-      o.connect_timeout_ms = static_cast<int>(v);
-    } else if (key == options::kMaxPeers) {
-      if (!ParseInt(value, 0, 1000000, v)) return bad("an integer 0..1000000");
-      o.max_peers = static_cast<size_t>(v);
-    } else if (key == options::kPeersLowWater) {
-      if (!ParseInt(value, 0, 1000000, v)) return bad("an integer 0..1000000");
-      o.low_water = static_cast<size_t>(v);
-      low_water_set = true;
-    } else if (key == options::kNotifyQueueDepth) {
-      if (!ParseInt(value, 1, 1 << 20, v)) return bad("an integer 1..1048576");
-      o.notify_depth = static_cast<size_t>(v);
-    } else {
-      return Status::ParamInvalid("unknown option '" + key + "'");
-    }
-  }
-  if (low_water_set && o.max_peers == 0) {
-    return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater + " needs " +
-                                options::kMaxPeers);
-  }
-  if (o.max_peers > 0) {
-    if (!low_water_set) o.low_water = o.max_peers * 3 / 4;
-    if (o.low_water >= o.max_peers) {
-      return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater +
-                                  " must be below " + options::kMaxPeers);
-    }
-  }
-  out = o;
-  return Status::Ok();
-}
-
 Status Hixl::Impl::CheckInitialized() const {
   if (!initialized_.load(std::memory_order_acquire)) {
     return Status::Failed("engine is not initialized (call Initialize first)");
@@ -153,7 +54,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
                               const std::map<std::string, std::string>& opts) {
   if (initialized_.load()) return Status::Failed("engine is already initialized");
   Options o;
-  if (Status s = ParseOptions(opts, o); !s.ok()) return s;
+  if (Status s = engine::ParseOptions(opts, o); !s.ok()) return s;
   net::HostPort hp;
   if (Status s = net::ParseHostPort(local_engine, hp); !s.ok()) return s;
 

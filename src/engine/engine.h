@@ -27,6 +27,7 @@
 #include "common/thread_pool.h"
 #include "common/wire.h"
 #include "control/protocol.h"
+#include "engine/options.h"
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
 #include "memory/remote_regions.h"
@@ -72,23 +73,7 @@ class Hixl::Impl {
   Status SetNotifyCallback(NotifyCallback cb);
 
  private:
-  struct Options {
-    LinkType link = LinkType::AUTO;
-    int copy_threads = 2;
-    bool fabric_mem = true;
-    int dereg_timeout_ms = 5000;
-    int handshake_timeout_ms = 5000;
-    int tcp_lanes = 2;
-    size_t tcp_slice_size = 1u << 20;
-    int tcp_io_threads = 2;
-    int hb_interval_ms = 1000;
-    int hb_misses = 3;
-    bool auto_connect = false;
-    int connect_timeout_ms = 3000;
-    size_t max_peers = 0;  // 0: no limit
-    size_t low_water = 0;
-    size_t notify_depth = 4096;
-  };
+  using Options = engine::Options;
   // A peer this engine connected to (we initiate transfers to it).
   struct Peer {
     std::string name;
@@ -145,7 +130,6 @@ class Hixl::Impl {
     MemHandle handle = 0;
   };
 
-  static Status ParseOptions(const std::map<std::string, std::string>& in, Options& out);
   Status CheckInitialized() const;
   std::shared_ptr<Peer> FindPeer(const std::string& remote) const;
   // Finds (or with AutoConnect, connects) the peer and counts one activity on

@@ -1,0 +1,129 @@
+#include "engine/options.h"
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+namespace hixl::engine {
+namespace {
+
+bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
+  if (s.empty() || s.size() > 12) return false;
+  size_t i = (s[0] == '-') ? 1 : 0;
+  if (i == s.size()) return false;
+  int64_t v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (s[i] - '0');
+  }
+  if (s[0] == '-') v = -v;
+  if (v < lo || v > hi) return false;
+  out = v;
+  return true;
+}
+
+// One option: an integer in [lo, hi] (a flag is 0..1) stored by `set`, or,
+// with a custom parser, anything else.
+struct Spec {
+  const char* key;
+  int64_t lo, hi;
+  const char* expect;  // what the error message says a value must be
+  std::function<void(Options&, int64_t)> set;
+  std::function<Status(Options&, const std::string&)> parse = nullptr;
+};
+
+Status ParseLinkType(Options& o, const std::string& value) {
+  if (value == "AUTO") {
+    o.link = LinkType::AUTO;
+  } else if (value == "SHM" || value == "HCCS") {
+    o.link = LinkType::SHM;
+  } else if (value == "TCP") {
+    o.link = LinkType::TCP;
+  } else if (value == "UCX" || value == "RDMA") {
+    return Status::Unsupported(std::string("option ") + options::kLinkType + "='" + value +
+                               "': this build has no such transport (available: AUTO, SHM, TCP)");
+  } else {
+    return Status::ParamInvalid(std::string("option ") + options::kLinkType + "='" + value +
+                                "': expected AUTO, SHM, HCCS or TCP");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+std::function<void(Options&, int64_t)> Field(T Options::*field) {
+  return [field](Options& o, int64_t v) { o.*field = static_cast<T>(v); };
+}
+
+const std::vector<Spec>& Specs() {
+  static const std::vector<Spec> specs = {
+      {options::kLinkType, 0, 0, "AUTO, SHM, HCCS or TCP", nullptr, ParseLinkType},
+      {options::kCopyThreads, 1, 64, "an integer 1..64", Field(&Options::copy_threads)},
+      {options::kEnableUseFabricMem, 0, 1, "0 or 1", Field(&Options::fabric_mem)},
+      {options::kDeregisterTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
+       Field(&Options::dereg_timeout_ms)},
+      {options::kHandshakeTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
+       Field(&Options::handshake_timeout_ms)},
+      {options::kTcpLanes, 1, 64, "an integer 1..64", Field(&Options::tcp_lanes)},
+      {options::kTcpSliceSize, 4096, 64 << 20, "bytes 4096..67108864",
+       Field(&Options::tcp_slice_size)},
+      {options::kTcpIoThreads, 1, 16, "an integer 1..16", Field(&Options::tcp_io_threads)},
+      {options::kHeartbeatIntervalMs, 10, 600000, "milliseconds 10..600000",
+       Field(&Options::hb_interval_ms)},
+      {options::kHeartbeatMisses, 1, 1000, "an integer 1..1000", Field(&Options::hb_misses)},
+      {options::kAutoConnect, 0, 1, "0 or 1", Field(&Options::auto_connect)},
+      {options::kConnectTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
+       Field(&Options::connect_timeout_ms)},
+      {options::kMaxPeers, 0, 1000000, "an integer 0..1000000", Field(&Options::max_peers)},
+      {options::kPeersLowWater, 0, 1000000, "an integer 0..1000000", Field(&Options::low_water)},
+      {options::kNotifyQueueDepth, 1, 1 << 20, "an integer 1..1048576",
+       Field(&Options::notify_depth)},
+  };
+  return specs;
+}
+
+}  // namespace
+
+const std::vector<std::string>& OptionKeys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& s : Specs()) k.emplace_back(s.key);
+    return k;
+  }();
+  return keys;
+}
+
+Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
+  Options o;
+  for (const auto& [key, value] : in) {
+    const Spec* spec = nullptr;
+    for (const auto& s : Specs()) {
+      if (key == s.key) spec = &s;
+    }
+    if (spec == nullptr) return Status::ParamInvalid("unknown option '" + key + "'");
+    if (spec->parse) {
+      if (Status s = spec->parse(o, value); !s.ok()) return s;
+      continue;
+    }
+    int64_t v = 0;
+    if (!ParseInt(value, spec->lo, spec->hi, v)) {
+      return Status::ParamInvalid("option " + key + "='" + value + "': expected " + spec->expect);
+    }
+    spec->set(o, v);
+  }
+  const bool low_water_set = in.count(options::kPeersLowWater) != 0;
+  if (low_water_set && o.max_peers == 0) {
+    return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater + " needs " +
+                                options::kMaxPeers);
+  }
+  if (o.max_peers > 0) {
+    if (!low_water_set) o.low_water = o.max_peers * 3 / 4;
+    if (o.low_water >= o.max_peers) {
+      return Status::ParamInvalid(std::string("option ") + options::kPeersLowWater +
+                                  " must be below " + options::kMaxPeers);
+    }
+  }
+  out = o;
+  return Status::Ok();
+}
+
+}  // namespace hixl::engine

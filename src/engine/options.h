@@ -1,0 +1,45 @@
+// The engine's Initialize options: one table of every key (hixl::options),
+// its accepted values and where it goes. The C API takes its list of engine
+// keys from here, so the two never drift apart.
+// Thread safety: stateless functions over constant data.
+#ifndef HIXL_ENGINE_OPTIONS_H_
+#define HIXL_ENGINE_OPTIONS_H_
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hixl/hixl.h"
+
+namespace hixl::engine {
+
+struct Options {
+  LinkType link = LinkType::AUTO;
+  int copy_threads = 2;
+  bool fabric_mem = true;
+  int dereg_timeout_ms = 5000;
+  int handshake_timeout_ms = 5000;
+  int tcp_lanes = 2;
+  size_t tcp_slice_size = 1u << 20;
+  int tcp_io_threads = 2;
+  int hb_interval_ms = 1000;
+  int hb_misses = 3;
+  bool auto_connect = false;
+  int connect_timeout_ms = 3000;
+  size_t max_peers = 0;  // 0: no limit
+  size_t low_water = 0;  // derived from max_peers unless given
+  size_t notify_depth = 4096;
+};
+
+// Every key Initialize accepts, in documentation order.
+const std::vector<std::string>& OptionKeys();
+
+// Parses Initialize's options: unknown keys, malformed or out-of-range
+// values and inconsistent combinations are PARAM_INVALID (a transport this
+// build lacks: UNSUPPORTED).
+Status ParseOptions(const std::map<std::string, std::string>& in, Options& out);
+
+}  // namespace hixl::engine
+
+#endif  // HIXL_ENGINE_OPTIONS_H_
