@@ -278,7 +278,11 @@ class RawControl {
                             {"engine", "127.0.0.1"},
                             {"gen", static_cast<uint64_t>(0x5EED0000ull + getpid())},
                             {"host", "hixl-tcp-hostile-test"},
-                            {"pid", static_cast<int64_t>(getpid())}};
+                            {"pid", static_cast<int64_t>(getpid())},
+                            // This raw client sends no heartbeats: it asks for
+                            // the longest interval (the peer is started with it
+                            // too) so the peer never gives it up mid-test.
+                            {"hb", 600000u}};
     if (!SendFrame(hello)) {
       *err = "sending hello failed";
       return false;
@@ -402,7 +406,8 @@ class TcpHostileTest : public ::testing::Test {
 
   // Starts the peer with its regions (filled with known patterns) and opens
   // the raw control link.
-  void Prepare(const std::vector<std::string>& peer_opts, bool ack_rdel) {
+  void Prepare(std::vector<std::string> peer_opts, bool ack_rdel) {
+    peer_opts.push_back(std::string(hixl::options::kHeartbeatIntervalMs) + "=600000");
     peer_ = std::make_unique<PeerProcess>(peer_opts);
     ASSERT_TRUE(peer_->Start());
     rw_ = peer_->Reg("rw", kRw, "rw");
