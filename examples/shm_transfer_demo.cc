@@ -8,12 +8,15 @@
 //   Initialize, Connect(engine)
 //   TransferSync(WRITE, descriptors) ------>  (no decode code runs: the bytes just arrive)
 //   "checksum"                      ------->  checksums its buffer, replies "SUM <hex>"
+//   "layers 8"                      ------->  waits for 8 notifications
+//   8 x TransferAsync(WRITE one layer,        each arrives only after its layer's bytes:
+//     notify "layer-i" = its checksum) --->   decode checksums that layer as it arrives,
+//                                             replies "LAYERS OK" (or what was wrong)
 //   "quit"                          ------->  Finalize, exit 0
 //
 // The pipe between the two processes is only the demo's control channel; the
 // data itself moves through hixl. Exit status: 0 on success, 1 on any failure.
 #include <hixl/hixl.h>
-
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -26,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -33,6 +37,7 @@ namespace {
 constexpr size_t kBytes = 128ull << 20;  // the whole "KV cache"
 constexpr size_t kBlock = 64ull << 10;   // one "page" of it when sent block-wise
 constexpr int kRuns = 5;                 // timed runs (median reported)
+constexpr int kLayers = 8;               // layer-wise pipeline: one notification per layer
 
 // Prints the message (and the hixl status, if any) and exits. The decode child
 // dies with us (PR_SET_PDEATHSIG below), so no cleanup is needed here.
@@ -89,6 +94,30 @@ int RunDecode() {
     } else if (std::strncmp(line, "clear", 5) == 0) {
       std::memset(bytes, 0, kBytes);  // so the next check sees only new bytes
       std::printf("OK\n");
+    } else if (std::strncmp(line, "layers", 6) == 0) {
+      // A decode step would start on layer i as soon as "layer-i" arrives: the
+      // engine queues the notification only after the layer's bytes are here.
+      const int n = std::atoi(line + 6);
+      const size_t layer = kBytes / static_cast<size_t>(n);
+      int seen = 0;
+      std::string bad;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      std::vector<hixl::NotifyDesc> got;
+      while (seen < n && bad.empty() && std::chrono::steady_clock::now() < deadline) {
+        got.clear();
+        Check(decode.GetNotifies(got), "decode GetNotifies");
+        for (const auto& d : got) {
+          const int i = std::atoi(d.name.c_str() + std::strlen("layer-"));
+          char sum[32];
+          std::snprintf(sum, sizeof sum, "%016" PRIx64,
+                        Checksum(bytes + static_cast<size_t>(i) * layer, layer));
+          if (d.notify_msg != sum) bad = d.name + " arrived before its bytes";
+          ++seen;
+        }
+        if (got.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (bad.empty() && seen < n) bad = "only " + std::to_string(seen) + " notifications arrived";
+      std::printf("%s\n", bad.empty() ? "LAYERS OK" : ("LAYERS BAD " + bad).c_str());
     } else {
       break;  // "quit"
     }
@@ -153,7 +182,8 @@ int RunPrefill() {
   //    One copy thread, so the comparison with a single memcpy is like for like
   //    (hixl-bench sweeps CopyThreads).
   hixl::Hixl prefill;
-  Check(prefill.Initialize("127.0.0.1", {{hixl::options::kCopyThreads, "1"}}), "prefill Initialize");
+  Check(prefill.Initialize("127.0.0.1", {{hixl::options::kCopyThreads, "1"}}),
+        "prefill Initialize");
   Check(prefill.Connect(engine, 5000), std::string("Connect(") + engine + ")");
   hixl::LinkType link = hixl::LinkType::AUTO;
   Check(prefill.GetLinkType(engine, link), "GetLinkType");
@@ -172,21 +202,60 @@ int RunPrefill() {
   // descriptors of 64 KiB (how a paged KV cache is usually laid out).
   std::vector<hixl::TransferOpDesc> whole = {{local, remote, kBytes}};
   std::vector<hixl::TransferOpDesc> pages;
-  for (size_t off = 0; off < kBytes; off += kBlock) pages.push_back({local + off, remote + off, kBlock});
+  for (size_t off = 0; off < kBytes; off += kBlock)
+    pages.push_back({local + off, remote + off, kBlock});
 
   // 4. WRITE each way into a cleared buffer and let the decode side checksum it.
   char want[64];
   std::snprintf(want, sizeof want, "SUM %016" PRIx64, expected);
   for (const auto* descs : {&whole, &pages}) {
     if (decode.Ask("clear") != "OK") Die("decode could not clear its buffer");
-    Check(prefill.TransferSync(engine, hixl::TransferOp::WRITE, *descs, 60000), "TransferSync WRITE");
+    Check(prefill.TransferSync(engine, hixl::TransferOp::WRITE, *descs, 60000),
+          "TransferSync WRITE");
     const std::string got = decode.Ask("checksum");
     if (got != want)
-      Die("DATA MISMATCH after " + std::to_string(descs->size()) + "-descriptor WRITE: decode has " +
-          got + ", expected " + want);
+      Die("DATA MISMATCH after " + std::to_string(descs->size()) +
+          "-descriptor WRITE: decode has " + got + ", expected " + want);
   }
 
-  // 5. Bandwidth: hixl WRITE vs memcpy of the same 128 MiB between two local
+  // 5. Layer-wise: each layer goes as its own async WRITE carrying a
+  //    notification with the layer's checksum; decode checks every layer the
+  //    moment its notification arrives (prefill/decode overlap per layer).
+  {
+    if (decode.Ask("clear") != "OK") Die("decode could not clear its buffer");
+    std::fprintf(decode.to, "layers %d\n", kLayers);
+    std::fflush(decode.to);
+    const size_t layer = kBytes / kLayers;
+    std::vector<hixl::TransferReq> reqs;
+    for (int i = 0; i < kLayers; ++i) {
+      const size_t off = static_cast<size_t>(i) * layer;
+      char sum[32];
+      std::snprintf(sum, sizeof sum, "%016" PRIx64, Checksum(kv.data() + off, layer));
+      hixl::TransferArgs args;
+      args.notify = hixl::NotifyDesc{"layer-" + std::to_string(i), sum, ""};
+      hixl::TransferReq req = 0;
+      Check(prefill.TransferAsync(engine, hixl::TransferOp::WRITE,
+                                  {{local + off, remote + off, layer}}, args, req),
+            "TransferAsync WRITE layer " + std::to_string(i));
+      reqs.push_back(req);
+    }
+    for (hixl::TransferReq req : reqs) {
+      hixl::TransferStatus st = hixl::TransferStatus::WAITING;
+      hixl::Status why;
+      while (st == hixl::TransferStatus::WAITING) {
+        Check(prefill.GetTransferStatus(req, st, why), "GetTransferStatus");
+        if (st == hixl::TransferStatus::WAITING)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (st != hixl::TransferStatus::COMPLETED) Die("a layer WRITE did not complete", why);
+    }
+    char reply[128];
+    if (!std::fgets(reply, sizeof reply, decode.from)) Die("the decode process died");
+    reply[std::strcspn(reply, "\n")] = '\0';
+    if (std::string(reply) != "LAYERS OK") Die(std::string("layer-wise check failed: ") + reply);
+  }
+
+  // 6. Bandwidth: hixl WRITE vs memcpy of the same 128 MiB between two local
   //    buffers, interleaved (A B A B ...) so machine noise hits both alike.
   std::vector<uint8_t> copy(kBytes);  // zero-filled: its pages are already touched
   auto seconds = [](auto&& fn) {
@@ -195,7 +264,8 @@ int RunPrefill() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   auto hixl_write = [&] {
-    Check(prefill.TransferSync(engine, hixl::TransferOp::WRITE, whole, 60000), "TransferSync WRITE");
+    Check(prefill.TransferSync(engine, hixl::TransferOp::WRITE, whole, 60000),
+          "TransferSync WRITE");
   };
   auto plain_memcpy = [&] { std::memcpy(copy.data(), kv.data(), kBytes); };
   for (int i = 0; i < 2; ++i) seconds(hixl_write), seconds(plain_memcpy);  // warm-up
@@ -210,7 +280,7 @@ int RunPrefill() {
   // The timed WRITEs must have left the right bytes too.
   if (decode.Ask("checksum") != want) Die("DATA MISMATCH after the timed WRITEs");
 
-  // 6. Tear down: disconnect, let the decode process exit, reap it.
+  // 7. Tear down: disconnect, let the decode process exit, reap it.
   prefill.Finalize();
   std::fprintf(decode.to, "quit\n");
   std::fclose(decode.to);
@@ -223,6 +293,10 @@ int RunPrefill() {
   std::printf("  link type             : %s\n", hixl::LinkTypeName(link));
   std::printf("  bytes per transfer    : %zu\n", kBytes);
   std::printf("  checked layouts       : 1 x 128 MiB, %zu x 64 KiB descriptors\n", pages.size());
+  std::printf(
+      "  layer-wise, notified  : %d async WRITEs, each layer checked when its notification "
+      "arrived\n",
+      kLayers);
   std::printf("  hixl WRITE            : %6.2f GB/s  (median of %d, %.2f ms)\n", gbps_hixl, kRuns,
               Median(t_hixl) * 1e3);
   std::printf("  memcpy, same process  : %6.2f GB/s  (median of %d, %.2f ms)\n", gbps_memcpy, kRuns,
