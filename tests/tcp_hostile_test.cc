@@ -323,6 +323,28 @@ class RawControl {
   }
 
   int rdel_seen() const { return rdel_seen_.load(); }
+  // Sends any control message (as an initiator would, or would not).
+  bool Send(const nlohmann::json& m) { return SendFrame(m); }
+  // The code of the target's "nack" for seq, waiting up to timeout_ms; -1: none.
+  int64_t WaitNack(uint64_t seq, int timeout_ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      {
+        std::lock_guard<std::mutex> lock(nack_mu_);
+        if (auto it = nacks_.find(seq); it != nacks_.end()) return it->second;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return -1;
+  }
+  // True once the target closed the link, waiting up to timeout_ms.
+  bool WaitClosed(int timeout_ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!closed_.load() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return closed_.load();
+  }
   const std::string& ip() const { return ip_; }
 
   int data_port = 0;
@@ -355,7 +377,15 @@ class RawControl {
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       nlohmann::json m;
-      if (!ReadFrame(m, 2000)) return;  // closed by the target (or garbage): stop reading
+      if (!ReadFrame(m, 2000)) {  // closed by the target (or garbage): stop reading
+        closed_.store(true);
+        return;
+      }
+      if (m.is_object() && m.value("t", "") == "nack" && m.contains("seq") &&
+          m["seq"].is_number_unsigned() && m.contains("code") && m["code"].is_number_unsigned()) {
+        std::lock_guard<std::mutex> lock(nack_mu_);
+        nacks_[m["seq"].get<uint64_t>()] = static_cast<int64_t>(m["code"].get<uint64_t>());
+      }
       if (m.is_object() && m.value("t", "") == "rdel") {
         rdel_seen_.fetch_add(1);
         if (ack_rdel_ && m.contains("seq") && m["seq"].is_number_unsigned()) {
@@ -371,6 +401,9 @@ class RawControl {
   std::mutex send_mu_;
   std::atomic<bool> stop_{false};
   std::atomic<int> rdel_seen_{0};
+  std::atomic<bool> closed_{false};
+  std::mutex nack_mu_;
+  std::map<uint64_t, int64_t> nacks_;
   std::thread reader_;
 };
 
@@ -1025,5 +1058,54 @@ INSTANTIATE_TEST_SUITE_P(Rdel, TcpDeregTest, ::testing::Values(true, false),
                            return std::string(i.param ? "ClientAcksRemoval"
                                                       : "ClientIgnoresRemoval");
                          });
+
+// (g) Notifications from a raw initiator: well-formed ones are queued and
+// acknowledged; wrong field types, oversized fields and messages only a
+// target may send close the link without queuing anything; the target keeps
+// serving everyone else.
+TEST_F(TcpHostileTest, NotificationsFromARawInitiatorAreCheckedAndBounded) {
+  auto bin = [](const std::string& s) {
+    return nlohmann::json::binary(std::vector<uint8_t>(s.begin(), s.end()));
+  };
+  ASSERT_TRUE(ctl_.Send({{"t", "notify"}, {"seq", 1u}, {"n", bin("raw")}, {"m", bin("hello")}}));
+  EXPECT_EQ(ctl_.WaitNack(1, 5000), 0)
+      << "a well-formed notification was not acknowledged as queued";
+  EXPECT_EQ(peer_->Send("getnotifies"), "OK 1 raw=hello");
+
+  struct Bad {
+    const char* what;
+    nlohmann::json msg;
+  };
+  const std::vector<Bad> bad = {
+      {"name as a string, not bytes",
+       {{"t", "notify"}, {"seq", 2u}, {"n", "raw"}, {"m", bin("x")}}},
+      {"message of 1025 bytes",
+       {{"t", "notify"}, {"seq", 3u}, {"n", bin("raw")}, {"m", bin(std::string(1025, 'm'))}}},
+      {"name of 4096 bytes",
+       {{"t", "notify"}, {"seq", 4u}, {"n", bin(std::string(4096, 'n'))}, {"m", bin("")}}},
+      {"no sequence number", {{"t", "notify"}, {"n", bin("raw")}, {"m", bin("x")}}},
+      {"negative sequence number",
+       {{"t", "notify"}, {"seq", -1}, {"n", bin("raw")}, {"m", bin("x")}}},
+      {"a nack, which only a target sends",
+       {{"t", "nack"}, {"seq", 1u}, {"code", 0u}, {"why", ""}}},
+      {"a heartbeat with a body that is not a map", nlohmann::json::array({"hb"})},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.what);
+    RawControl c;
+    std::string err;
+    ASSERT_TRUE(c.Open(peer_->engine(), false, &err)) << err;
+    ASSERT_TRUE(c.Send(b.msg));
+    EXPECT_TRUE(c.WaitClosed(5000)) << "the target kept a link that sent " << b.what;
+    EXPECT_EQ(c.WaitNack(2, 0), -1);
+  }
+  EXPECT_EQ(peer_->Send("getnotifies"), "OK 0") << "a malformed notification was queued";
+  // The first link is unaffected and still acknowledged.
+  ASSERT_TRUE(ctl_.Send({{"t", "notify"}, {"seq", 9u}, {"n", bin("after")}, {"m", bin("")}}));
+  EXPECT_EQ(ctl_.WaitNack(9, 5000), 0);
+  EXPECT_EQ(peer_->Send("getnotifies"), "OK 1 after=");
+  ExpectRegionsUnchanged();
+  ExpectPeerStillServes();
+}
 
 }  // namespace
