@@ -145,8 +145,10 @@ void Hixl::Impl::Finalize() {
     }
   });
   loop_.Stop();
-  // The loop is stopped: its state is ours now.
-  FailPendingNotifies(0, Status::Failed("engine was finalized"));
+  // The loop is stopped: its state is ours now. Links close for senders
+  // first, so a notification posted from now on fails by itself.
+  for (auto& [id, c] : conns_) CloseTx(*c->tx);
+  FailPendingNotifies(nullptr, Status::Failed("engine was finalized"));
   conns_.clear();
   revokes_.clear();
   {
@@ -539,6 +541,8 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (!s.ok()) return s;
   auto c = std::make_unique<Conn>();
   c->fd = std::move(fd);
+  c->tx->fd = c->fd.get();
+  peer->tx = c->tx;  // before the peer is published: notifications go out on it directly
   c->established = true;
   c->peer_name = key;
   c->peer = peer;
@@ -858,29 +862,39 @@ Status Hixl::Impl::SendNotify(const std::string& remote, const NotifyDesc& notif
 
 void Hixl::Impl::PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d,
                             net::Deadline deadline, std::function<void(Status)> done) {
-  auto holder = std::make_shared<std::function<void(Status)>>(std::move(done));
-  bool posted = loop_.Post([this, peer, d, deadline, holder] {
-    uint64_t id = peer->conn_id.load(std::memory_order_acquire);
-    auto it = conns_.find(id);
-    if (it == conns_.end() || it->second->peer != peer || !peer->alive.load()) {
-      (*holder)(Status::NotConnected("link to " + peer->name + " was lost"));
-      return;
+  // Sent from this thread: the frame goes out now, not after a wake-up of the
+  // control thread. The answer (nack) is matched on the control thread.
+  std::shared_ptr<Tx> tx = peer->tx;
+  const uint64_t seq = next_notify_seq_.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_notifies_[seq] = PendingNotify{tx, deadline, std::move(done)};
+  }
+  bool sent = tx && peer->alive.load(std::memory_order_acquire) &&
+              SendFrame(*tx, wire::EncodeFrame(control::EncodeNotify(seq, d.name, d.notify_msg)));
+  if (sent) return;
+  std::function<void(Status)> fail;  // unless the link's closing already failed it
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (auto it = pending_notifies_.find(seq); it != pending_notifies_.end()) {
+      fail = std::move(it->second.done);
+      pending_notifies_.erase(it);
     }
-    uint64_t seq = next_notify_seq_++;
-    pending_notifies_[seq] = PendingNotify{id, deadline, std::move(*holder)};
-    Send(*it->second, control::EncodeNotify(seq, d.name, d.notify_msg));
-  });
-  if (!posted) (*holder)(Status::Failed("engine is shutting down"));
+  }
+  if (fail) fail(Status::NotConnected("link to " + peer->name + " was lost"));
 }
 
-void Hixl::Impl::FailPendingNotifies(uint64_t conn_id, const Status& why) {
+void Hixl::Impl::FailPendingNotifies(const Tx* tx, const Status& why) {
   std::vector<std::function<void(Status)>> fail;
-  for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
-    if (conn_id == 0 || it->second.conn_id == conn_id) {
-      fail.push_back(std::move(it->second.done));
-      it = pending_notifies_.erase(it);
-    } else {
-      ++it;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
+      if (tx == nullptr || it->second.tx.get() == tx) {
+        fail.push_back(std::move(it->second.done));
+        it = pending_notifies_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
   for (auto& f : fail) f(why);
@@ -952,6 +966,13 @@ void Hixl::Impl::AddConn(std::unique_ptr<Conn> c) {
   c->id = id;
   c->loop_id = loop_.Add(c->fd.get(), EPOLLIN | EPOLLRDHUP,
                          [this, id](uint32_t ev) { OnConnEvent(id, ev); });
+  {
+    std::lock_guard<std::mutex> lock(c->tx->mu);
+    c->tx->fd = c->fd.get();
+    c->tx->loop_id = c->loop_id;
+    // Frames a sender queued before the loop knew the connection.
+    if (!c->tx->outq.empty()) FlushLocked(*c->tx);
+  }
   c->last_rx = c->last_tx = net::Clock::now();
   if (c->peer) c->peer->conn_id.store(id, std::memory_order_release);
   if (c->established) TightenTick(c->hb_ms);
@@ -962,9 +983,16 @@ void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Conn& c = *it->second;
-  if ((events & EPOLLOUT) && !FlushOut(c)) {
-    CloseConn(id, "send failed", false);
-    return;
+  if (events & EPOLLOUT) {
+    bool ok;
+    {
+      std::lock_guard<std::mutex> lock(c.tx->mu);
+      ok = c.tx->fd < 0 || FlushLocked(*c.tx);
+    }
+    if (!ok) {
+      CloseConn(id, "send failed", false);
+      return;
+    }
   }
   if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) return;
   uint8_t buf[64 * 1024];
@@ -1000,38 +1028,57 @@ void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
 
 void Hixl::Impl::Send(Conn& c, const wire::Msg& m) {
   c.last_tx = net::Clock::now();
-  c.outq.push_back(wire::EncodeFrame(m));
-  if (c.outq.size() == 1) FlushOut(c);
+  SendFrame(*c.tx, wire::EncodeFrame(m));  // a socket error shows up as a read error next
 }
 
-bool Hixl::Impl::FlushOut(Conn& c) {
-  while (!c.outq.empty()) {
-    auto& f = c.outq.front();
+bool Hixl::Impl::SendFrame(Tx& tx, std::vector<uint8_t> frame) {
+  std::lock_guard<std::mutex> lock(tx.mu);
+  if (tx.fd < 0) return false;
+  tx.outq.push_back(std::move(frame));
+  if (tx.outq.size() == 1) FlushLocked(tx);
+  return true;
+}
+
+bool Hixl::Impl::FlushLocked(Tx& tx) {
+  while (!tx.outq.empty()) {
+    auto& f = tx.outq.front();
     ssize_t r =
-        ::send(c.fd.get(), f.data() + c.out_off, f.size() - c.out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ::send(tx.fd, f.data() + tx.out_off, f.size() - tx.out_off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        loop_.Modify(c.loop_id, EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+        if (!tx.out_armed && tx.loop_id != 0) {
+          loop_.ModifyFd(tx.fd, tx.loop_id, EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+          tx.out_armed = true;
+        }
         return true;
       }
       return false;
     }
-    c.out_off += static_cast<size_t>(r);
-    if (c.out_off == f.size()) {
-      c.outq.pop_front();
-      c.out_off = 0;
+    tx.out_off += static_cast<size_t>(r);
+    if (tx.out_off == f.size()) {
+      tx.outq.pop_front();
+      tx.out_off = 0;
     }
   }
-  loop_.Modify(c.loop_id, EPOLLIN | EPOLLRDHUP);
+  if (tx.out_armed) {
+    loop_.ModifyFd(tx.fd, tx.loop_id, EPOLLIN | EPOLLRDHUP);
+    tx.out_armed = false;
+  }
   return true;
+}
+
+void Hixl::Impl::CloseTx(Tx& tx) {
+  std::lock_guard<std::mutex> lock(tx.mu);
+  tx.fd = -1;  // the Conn owns and closes the descriptor itself
+  tx.loop_id = 0;
+  tx.outq.clear();
 }
 
 Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
   control::Hello h;
   if (Status s = control::DecodeHello(m, h); !s.ok()) {
     Send(c, control::EncodeReject(s.message()));
-    FlushOut(c);
     return s;
   }
   control::Welcome w;
@@ -1091,11 +1138,14 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     uint32_t code = 0;
     std::string why;
     if (Status s = control::DecodeNotifyAck(m, seq, code, why); !s.ok()) return s;
-    auto it = pending_notifies_.find(seq);
-    if (it == pending_notifies_.end() || it->second.conn_id != c.id)
-      return Status::Ok();  // timed out
-    auto done = std::move(it->second.done);
-    pending_notifies_.erase(it);
+    std::function<void(Status)> done;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_notifies_.find(seq);
+      if (it == pending_notifies_.end() || it->second.tx != c.tx) return Status::Ok();  // timed out
+      done = std::move(it->second.done);
+      pending_notifies_.erase(it);
+    }
     done(code == 0 ? Status::Ok()
                    : Status(static_cast<StatusCode>(code),
                             c.peer_name + " refused the notification: " + why));
@@ -1184,12 +1234,15 @@ void Hixl::Impl::OnTick() {
   for (auto& [id, why] : drop) CloseConn(id, why, false);
   // Notifications nobody answered in time.
   std::vector<std::function<void(Status)>> late;
-  for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
-    if (now >= it->second.deadline) {
-      late.push_back(std::move(it->second.done));
-      it = pending_notifies_.erase(it);
-    } else {
-      ++it;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
+      if (now >= it->second.deadline) {
+        late.push_back(std::move(it->second.done));
+        it = pending_notifies_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
   for (auto& f : late) f(Status::Timeout("no answer to the notification before the deadline"));
@@ -1214,6 +1267,7 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
   if (it == conns_.end()) return;
   std::unique_ptr<Conn> c = std::move(it->second);
   conns_.erase(it);
+  CloseTx(*c->tx);  // no sender uses the descriptor (or its registration) any more
   loop_.Remove(c->loop_id);
   if (quiet || !initialized_.load(std::memory_order_acquire)) {  // (finalizing: expected)
     HIXL_LOG(INFO) << "link " << (c->peer_name.empty() ? "(unnamed)" : c->peer_name)
@@ -1231,7 +1285,8 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
     // The peer is gone, hung or misbehaved: its metadata goes, its transfers
     // stop. Nothing is awaited (this thread serves every link); what is still
     // on the wire is abandoned and the peer drops it.
-    FailPendingNotifies(id, Status::NotConnected("link to " + c->peer_name + " lost: " + why));
+    FailPendingNotifies(c->tx.get(),
+                        Status::NotConnected("link to " + c->peer_name + " lost: " + why));
     c->peer->alive.store(false);
     c->peer->channel->Close(net::Clock::now());
     std::lock_guard<std::mutex> lock(peers_mu_);

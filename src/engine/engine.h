@@ -74,6 +74,7 @@ class Hixl::Impl {
 
  private:
   using Options = engine::Options;
+  struct Tx;
   // A peer this engine connected to (we initiate transfers to it).
   struct Peer {
     std::string name;
@@ -83,11 +84,24 @@ class Hixl::Impl {
     std::unique_ptr<transport::Channel> channel;
     std::atomic<bool> alive{true};
     std::atomic<uint64_t> conn_id{0};   // its control connection (set on the loop)
+    std::shared_ptr<Tx> tx;             // its control connection's sending half (set before use)
     std::atomic<int> active{0};         // transfers and notifications in flight
     std::atomic<int64_t> last_used{0};  // steady-clock ns, for idle eviction
   };
   // Releases Peer::active when the last copy goes (held by a transfer).
   static std::shared_ptr<const void> ActiveToken(const std::shared_ptr<Peer>& p);
+  // The sending half of a control connection, shared by the loop thread and
+  // by threads that send a notification straight away (no hop through the
+  // loop). Frames go out whole and in order; what the socket does not take at
+  // once waits in outq for EPOLLOUT.
+  struct Tx {
+    std::mutex mu;
+    int fd = -1;           // -1 once the connection closed
+    uint64_t loop_id = 0;  // 0 until the loop registered the connection
+    bool out_armed = false;
+    std::deque<std::vector<uint8_t>> outq;
+    size_t out_off = 0;
+  };
   // A control connection; owned by the loop thread.
   struct Conn {
     uint64_t id = 0;
@@ -98,16 +112,15 @@ class Hixl::Impl {
     net::Deadline hello_deadline = net::Deadline::max();
     std::string peer_name;
     wire::FrameReader reader;
-    std::deque<std::vector<uint8_t>> outq;
-    size_t out_off = 0;
+    std::shared_ptr<Tx> tx = std::make_shared<Tx>();
     std::shared_ptr<Peer> peer;  // outbound connections
     int hb_ms = 1000;            // this link's heartbeat interval: min of both sides'
     net::Clock::time_point last_rx = net::Clock::now();
     net::Clock::time_point last_tx = net::Clock::now();
   };
-  // A notification sent, waiting for the target's answer (loop thread).
+  // A notification sent, waiting for the target's answer.
   struct PendingNotify {
-    uint64_t conn_id = 0;
+    std::shared_ptr<Tx> tx;  // the link it went out on
     net::Deadline deadline;
     std::function<void(Status)> done;
   };
@@ -163,14 +176,18 @@ class Hixl::Impl {
   void AddConn(std::unique_ptr<Conn> c);
   void OnConnEvent(uint64_t id, uint32_t events);
   void Send(Conn& c, const wire::Msg& m);
-  bool FlushOut(Conn& c);
+  // Any thread: queues a frame on tx and sends what the socket takes now.
+  // False when the connection has closed.
+  bool SendFrame(Tx& tx, std::vector<uint8_t> frame);
+  bool FlushLocked(Tx& tx);  // tx.mu held; false on a socket error
+  void CloseTx(Tx& tx);
   Status HandleMessage(Conn& c, const wire::Msg& m);
   Status HandleHello(Conn& c, const wire::Msg& m);
   void CloseConn(uint64_t id, const std::string& why, bool quiet);
   void CheckRevokes();
   void OnTick();
   void TightenTick(int hb_ms);
-  void FailPendingNotifies(uint64_t conn_id, const Status& why);  // 0: all
+  void FailPendingNotifies(const Tx* tx, const Status& why);  // nullptr: all
   Status HandleNotify(Conn& c, const wire::Msg& m);
 
   Options opts_;
@@ -202,9 +219,10 @@ class Hixl::Impl {
   std::mutex alloc_mu_;
   std::unordered_map<void*, Alloc> allocs_;
 
-  // Loop thread: notifications awaiting the target's answer.
+  // Notifications awaiting the target's answer.
+  std::mutex pending_mu_;
   std::unordered_map<uint64_t, PendingNotify> pending_notifies_;
-  uint64_t next_notify_seq_ = 1;
+  std::atomic<uint64_t> next_notify_seq_{1};
   int idle_tick_ms_ = 50;
 
   // Received notifications.
