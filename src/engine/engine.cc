@@ -788,15 +788,19 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
   return Status::Ok();
 }
 
+namespace {
+Status UnknownRequest(TransferReq req) {
+  return Status::ParamInvalid("unknown TransferReq " + std::to_string(req) +
+                              " (never issued, or already reported as ended)");
+}
+}  // namespace
+
 Status Hixl::Impl::GetTransferStatus(TransferReq req, TransferStatus& status, Status* reason) {
   std::shared_ptr<transport::Transfer> t;
   {
     std::lock_guard<std::mutex> lock(req_mu_);
     auto it = reqs_.find(req);
-    if (it == reqs_.end()) {
-      return Status::ParamInvalid("unknown TransferReq " + std::to_string(req) +
-                                  " (never issued, or already reported as ended)");
-    }
+    if (it == reqs_.end()) return UnknownRequest(req);
     t = it->second;
     if (t->Done()) {  // single use: released once its end is reported
       if (t->deadline != net::Deadline::max()) --deadline_reqs_;
@@ -814,10 +818,7 @@ Status Hixl::Impl::CancelTransfer(TransferReq req) {
   {
     std::lock_guard<std::mutex> lock(req_mu_);
     auto it = reqs_.find(req);
-    if (it == reqs_.end()) {
-      return Status::ParamInvalid("unknown TransferReq " + std::to_string(req) +
-                                  " (never issued, or already reported as ended)");
-    }
+    if (it == reqs_.end()) return UnknownRequest(req);
     t = it->second;
   }
   t->RequestStop(Status::Cancelled("request " + std::to_string(req) + " was cancelled"));
