@@ -97,6 +97,7 @@ struct TransferOpDesc {
 // IP alone, so several of them on one host look alike).
 inline constexpr size_t kMaxNotifyNameLen = 1024;  // bytes
 inline constexpr size_t kMaxNotifyMsgLen = 1024;   // bytes (any byte values)
+inline constexpr size_t kMaxLocalInfoLen = 4096;   // bytes (SetLocalInfo)
 struct NotifyDesc {
   std::string name;
   std::string notify_msg;
@@ -233,6 +234,14 @@ class HIXL_EXPORT Hixl {
   // A restarted peer has a new one.
   Status GetPeerGeneration(const std::string& remote_engine, uint64_t& generation) const;
   uint64_t Generation() const;
+
+  // A short application string (at most kMaxLocalInfoLen bytes) this engine
+  // hands to every peer that connects to it, in the handshake: how a layer
+  // above tells its peers where its own metadata lives. Peers that connected
+  // before a change keep the value they were given.
+  Status SetLocalInfo(const std::string& info);
+  // The string a connected peer handed us (empty if it set none).
+  Status GetPeerInfo(const std::string& remote_engine, std::string& info) const;
 
   // Moves every descriptor and returns when all bytes are in the destination.
   // timeout_ms <= 0 waits without limit.

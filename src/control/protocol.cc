@@ -89,11 +89,13 @@ Status DecodeHello(const wire::Msg& m, Hello& out) {
 }
 
 wire::Msg EncodeWelcome(const Welcome& w) {
-  return {{"t", "welcome"},     {"v", w.version},
-          {"engine", w.engine}, {"gen", w.generation},
-          {"host", w.host},     {"pid", w.pid},
-          {"hb", w.hb_ms},      {"regions", EncodeRegions(w.regions)},
-          {"tp", w.transports}};
+  wire::Msg m = {{"t", "welcome"},     {"v", w.version},
+                 {"engine", w.engine}, {"gen", w.generation},
+                 {"host", w.host},     {"pid", w.pid},
+                 {"hb", w.hb_ms},      {"regions", EncodeRegions(w.regions)},
+                 {"tp", w.transports}};
+  if (!w.info.empty()) m["info"] = w.info;
+  return m;
 }
 
 Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
@@ -109,6 +111,9 @@ Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
     return Status::ParamInvalid("malformed transport table");
   }
   w.transports = *tp;
+  if (m.contains("info") && !wire::GetStr(m, "info", w.info, kMaxLocalInfo)) {
+    return Status::ParamInvalid("malformed info: not a string of at most 4096 bytes");
+  }
   out = std::move(w);
   return Status::Ok();
 }

@@ -1,7 +1,8 @@
 // The control protocol between engines (over the listener's TCP socket).
 //
 //   initiator -> target: hello    {v, engine, gen, host, pid, hb}
-//   target -> initiator: welcome  {v, engine, gen, host, pid, hb, regions[], tp{name: info}}
+//   target -> initiator: welcome  {v, engine, gen, host, pid, hb, regions[], tp{name: info}, info?}
+// info: the target's application string (Hixl::SetLocalInfo), optional.
 // hb: the sender's heartbeat interval (ms, optional, default 1000). A link
 // beats at the smaller of the two: each side sends `hb` when it has sent
 // nothing for that long, and gives the peer up after its own miss count.
@@ -32,6 +33,7 @@ namespace hixl::control {
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxRegionsPerMessage = 1u << 20;
 inline constexpr size_t kMaxEngineName = 256;
+inline constexpr size_t kMaxLocalInfo = 4096;
 inline constexpr uint32_t kDefaultHeartbeatMs = 1000;
 inline constexpr uint32_t kMinHeartbeatMs = 10;
 inline constexpr uint32_t kMaxHeartbeatMs = 600000;
@@ -62,6 +64,7 @@ struct Welcome {
   uint32_t hb_ms = kDefaultHeartbeatMs;
   std::vector<RegionDesc> regions;
   wire::Msg transports = wire::Msg::object();
+  std::string info;  // at most kMaxLocalInfo bytes
 };
 
 // The message's type ("hello", ...); every decoded message has one.

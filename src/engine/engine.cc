@@ -408,6 +408,7 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   peer->name = name;
   peer->generation = w.generation;
   peer->pid = w.pid;
+  peer->info = w.info;
   transport::PeerInfo info;
   info.engine = name;
   info.address = address;
@@ -646,6 +647,24 @@ Status Hixl::Impl::GetLinkType(const std::string& remote, LinkType& type) const 
   auto p = FindPeer(remote);
   if (!p) return Status::NotConnected("not connected to " + remote);
   type = p->channel->link_type();
+  return Status::Ok();
+}
+
+Status Hixl::Impl::SetLocalInfo(const std::string& info) {
+  if (info.size() > kMaxLocalInfoLen) {
+    return Status::ParamInvalid("SetLocalInfo: " + std::to_string(info.size()) +
+                                " bytes, at most " + std::to_string(kMaxLocalInfoLen));
+  }
+  std::lock_guard<std::mutex> lock(info_mu_);
+  local_info_ = info;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::GetPeerInfo(const std::string& remote, std::string& info) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  auto p = FindPeer(remote);
+  if (!p) return Status::NotConnected("not connected to " + remote);
+  info = p->info;
   return Status::Ok();
 }
 
@@ -1088,6 +1107,10 @@ Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
   w.host = host::HostIdentity();
   w.pid = getpid();
   w.hb_ms = static_cast<uint32_t>(opts_.hb_interval_ms);
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    w.info = local_info_;
+  }
   c.hb_ms = LinkHeartbeatMs(h.hb_ms);
   TightenTick(c.hb_ms);
   for (const auto& r : regions_.Snapshot()) w.regions.push_back(ToDesc(r));

@@ -58,6 +58,8 @@ class Hixl::Impl {
   Status GetLinkType(const std::string& remote, LinkType& type) const;
   Status GetPeerGeneration(const std::string& remote, uint64_t& generation) const;
   uint64_t Generation() const { return initialized_.load() ? generation_ : 0; }
+  Status SetLocalInfo(const std::string& info);
+  Status GetPeerInfo(const std::string& remote, std::string& info) const;
 
   Status TransferSync(const std::string& remote, TransferOp op,
                       const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
@@ -80,6 +82,7 @@ class Hixl::Impl {
     std::string name;
     uint64_t generation = 0;
     int64_t pid = 0;
+    std::string info;  // its SetLocalInfo string, from the welcome
     memory::RemoteRegionTable regions;
     std::unique_ptr<transport::Channel> channel;
     std::atomic<bool> alive{true};
@@ -195,6 +198,8 @@ class Hixl::Impl {
   std::string local_engine_;
   bool listening_ = false;
   uint64_t generation_ = 0;
+  mutable std::mutex info_mu_;
+  std::string local_info_;  // handed to peers in the welcome
 
   memory::LocalRegions regions_;
   ThreadPool copy_pool_;

@@ -37,6 +37,10 @@ Status Hixl::GetConnectStatus(const std::string& remote_engine, ConnectStatus& s
                               Status* reason) const {
   return impl_->GetConnectStatus(remote_engine, status, reason);
 }
+Status Hixl::SetLocalInfo(const std::string& info) { return impl_->SetLocalInfo(info); }
+Status Hixl::GetPeerInfo(const std::string& remote_engine, std::string& info) const {
+  return impl_->GetPeerInfo(remote_engine, info);
+}
 Status Hixl::GetPeerGeneration(const std::string& remote_engine, uint64_t& generation) const {
   return impl_->GetPeerGeneration(remote_engine, generation);
 }
