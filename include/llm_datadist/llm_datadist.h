@@ -209,7 +209,9 @@ struct KvTransferEvent {
   uint64_t peer_cluster_id = 0;     // who moved it (kLeaseExpired: 0)
   int64_t cache_id = 0;             // the local cache
   std::optional<CacheKey> key;      // the request key it was pulled by, if any
-  std::vector<uint64_t> blocks;     // local blocks moved (block transfers)
+  // Local blocks moved (block transfers): in the mover's list order, or in
+  // ascending order when a long scattered list was sent as a bitmap.
+  std::vector<uint64_t> blocks;
   int64_t batch_index = -1;         // local batch entry moved (whole-cache transfers)
   std::pair<int32_t, int32_t> layer_range{-1, -1};  // local layers moved
   std::string user_tag;             // the mover's KvCacheExtParam::user_tag

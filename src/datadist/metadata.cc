@@ -2,6 +2,7 @@
 // metadata.h).
 #include "datadist/metadata.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -264,16 +265,34 @@ bool DecodeRoot(const uint8_t in[kRootSize], Root& out) {
 // Part layout: u8 format, u8 kind, u16 part, u16 parts, u64 sender, u64 seq;
 // part 0 then: i64 cache, u8 has_key [u64 x3], i64 batch, i32 first, i32
 // last, u16 tag length, tag; every part then: bytes of the block stream
-// (varint pairs: zigzag delta of a run's start from the previous run's end,
-// run length).
+// (u8 encoding; 0: varint pairs — zigzag delta of a run's start from the
+// previous run's end, run length — in list order; 1: varint first block,
+// varint span, then a bitmap of the span: the blocks in ascending order).
 std::vector<std::string> EncodeEvent(const EventMsg& e) {
-  std::string stream;
+  // The block stream: runs (list order), or a bitmap when that is shorter.
+  std::string stream(1, '\0');
   uint64_t prev_end = 0;
   for (auto [start, count] : Runs(e.blocks)) {
     int64_t delta = static_cast<int64_t>(start - prev_end);
     PutVarint(stream, (static_cast<uint64_t>(delta) << 1) ^ static_cast<uint64_t>(delta >> 63));
     PutVarint(stream, count);
     prev_end = start + count;
+  }
+  if (!e.blocks.empty()) {
+    auto [lo, hi] = std::minmax_element(e.blocks.begin(), e.blocks.end());
+    const uint64_t span = *hi - *lo + 1;
+    if (span / 8 + 12 < stream.size()) {
+      std::string bits(1, '\1');
+      PutVarint(bits, *lo);
+      PutVarint(bits, span);
+      const size_t head = bits.size();
+      bits.resize(head + (span + 7) / 8, '\0');
+      for (uint64_t b : e.blocks) {
+        const uint64_t i = b - *lo;
+        bits[head + i / 8] = static_cast<char>(static_cast<uint8_t>(bits[head + i / 8]) | (1u << (i % 8)));
+      }
+      stream = std::move(bits);
+    }
   }
   Writer head;
   head.u64(static_cast<uint64_t>(e.cache_id));
@@ -384,21 +403,36 @@ bool EventAssembler::Feed(const std::string& from, const std::string& msg, Event
 
 bool EventAssembler::Finish(Pending& p, EventMsg& out, std::string& why) {
   EventMsg e = std::move(p.head);
-  size_t off = 0;
+  const std::string& st = p.stream;
+  auto bad = [&why] {
+    why = "malformed block list in event";
+    return false;
+  };
+  if (st.empty()) return bad();
+  size_t off = 1;
+  if (st[0] == 1) {  // bitmap
+    uint64_t lo, span;
+    if (!GetVarint(st, off, lo) || !GetVarint(st, off, span) || span == 0 ||
+        span > 8 * kMaxEventBlocks || lo > UINT64_MAX - span || st.size() - off != (span + 7) / 8) {
+      return bad();
+    }
+    for (uint64_t i = 0; i < span; ++i) {
+      if (static_cast<uint8_t>(st[off + i / 8]) & (1u << (i % 8))) e.blocks.push_back(lo + i);
+    }
+    out = std::move(e);
+    return true;
+  }
+  if (st[0] != 0) return bad();
   uint64_t prev_end = 0;
-  while (off < p.stream.size()) {
+  while (off < st.size()) {
     uint64_t zz, count;
-    if (!GetVarint(p.stream, off, zz) || !GetVarint(p.stream, off, count) || count == 0 ||
+    if (!GetVarint(st, off, zz) || !GetVarint(st, off, count) || count == 0 ||
         count > kMaxEventBlocks - e.blocks.size()) {
-      why = "malformed block list in event";
-      return false;
+      return bad();
     }
     int64_t delta = static_cast<int64_t>(zz >> 1) ^ -static_cast<int64_t>(zz & 1);
     uint64_t start = prev_end + static_cast<uint64_t>(delta);
-    if (start > UINT64_MAX - count) {
-      why = "malformed block list in event";
-      return false;
-    }
+    if (start > UINT64_MAX - count) return bad();
     for (uint64_t b = 0; b < count; ++b) e.blocks.push_back(start + b);
     prev_end = start + count;
   }
