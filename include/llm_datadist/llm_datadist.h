@@ -234,6 +234,7 @@ struct LayerTransferConfig {
   std::pair<int32_t, int32_t> dst_layer_range{-1, -1};
   uint32_t src_batch_index = 0;  // whole-cache pushes (no block lists)
   uint32_t dst_batch_index = 0;
+  std::string user_tag;  // up to 256 bytes, in the owner's KvTransferEvent
 };
 
 // Called before layer `layer` (index in the source cache) moves; returns
@@ -252,6 +253,15 @@ class HIXL_EXPORT KvTransferTask {
   virtual bool Done() const = 0;
   // One status per config, valid once Done().
   virtual std::vector<Status> Results() const = 0;
+  // Per source layer moved (in order): steady-clock nanoseconds when its
+  // transfers were posted (its gate had opened) and when they were seen
+  // complete. Valid once Done().
+  struct LayerTime {
+    int32_t layer = 0;
+    int64_t posted_ns = 0;
+    int64_t done_ns = 0;
+  };
+  virtual std::vector<LayerTime> LayerTimes() const = 0;
 };
 
 // Instance option keys (Initialize, SetRole).

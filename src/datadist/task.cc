@@ -23,7 +23,6 @@ struct ConfigPlan {
   internal::TensorSpan dst_span;
   std::vector<std::vector<hixl::TransferOpDesc>> layer_descs;  // by src layer - src first layer
   internal::EventMsg event;
-  std::vector<hixl::TransferReq> reqs;
   Status status;
 };
 
@@ -51,11 +50,16 @@ class LayerTask final : public KvTransferTask {
     std::lock_guard<std::mutex> lock(mu_);
     return results_;
   }
+  std::vector<LayerTime> LayerTimes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ ? times_ : std::vector<LayerTime>{};
+  }
 
   void Run(LlmDataDist::Impl* impl);
-  void Finish(std::vector<Status> results) {
+  void Finish(std::vector<Status> results, std::vector<LayerTime> times) {
     std::lock_guard<std::mutex> lock(mu_);
     results_ = std::move(results);
+    times_ = std::move(times);
     done_ = true;
     cv_.notify_all();
   }
@@ -72,11 +76,21 @@ class LayerTask final : public KvTransferTask {
   std::condition_variable cv_;
   bool done_ = false;
   std::vector<Status> results_;
+  std::vector<LayerTime> times_;
 };
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void LayerTask::Run(LlmDataDist::Impl* impl) {
   hixl::Hixl& engine = impl->engine();
   const int32_t timeout = impl->sync_wait_ms();
+  std::vector<LayerTime> times;
+  // Per posted layer: the requests of every config, to see it complete.
+  std::vector<std::vector<std::pair<ConfigPlan*, hixl::TransferReq>>> layer_reqs;
   for (int32_t layer = first_layer; layer <= last_layer; ++layer) {
     bool wanted = std::any_of(plans.begin(), plans.end(), [&](const ConfigPlan& p) {
       return p.status.ok() && layer >= p.src_span.first_layer && layer <= p.src_span.last_layer;
@@ -89,6 +103,10 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
       fail = Status(LLM_FAILED, "the layer gate for layer " + std::to_string(layer) +
                                     " returned false: layer " + std::to_string(layer) +
                                     " and the ones after it were not moved");
+    }
+    if (fail.ok()) {
+      times.push_back({layer, NowNs(), 0});
+      layer_reqs.emplace_back();
     }
     for (auto& p : plans) {
       if (!p.status.ok() || layer < p.src_span.first_layer || layer > p.src_span.last_layer) {
@@ -110,41 +128,46 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
                                    std::to_string(p.target.remote->cluster_id));
         continue;
       }
-      p.reqs.push_back(req);
+      layer_reqs.back().emplace_back(&p, req);
     }
   }
-  // Wait for every posted layer (each has its deadline), then tell the owners.
-  std::vector<Status> results;
-  for (auto& p : plans) {
-    for (hixl::TransferReq req : p.reqs) {
+  // Wait for every posted layer, in order (each has its deadline), then tell
+  // the owners.
+  for (size_t li = 0; li < layer_reqs.size(); ++li) {
+    for (auto [p, req] : layer_reqs[li]) {
       int sleep_us = 10;
       for (;;) {
         hixl::TransferStatus st = hixl::TransferStatus::WAITING;
         hixl::Status reason;
         hixl::Status q = engine.GetTransferStatus(req, st, reason);
         if (!q.ok()) {
-          if (p.status.ok()) p.status = FromHixl(q, "layer-wise push");
+          if (p->status.ok()) p->status = FromHixl(q, "layer-wise push");
           break;
         }
         if (st == hixl::TransferStatus::WAITING) {
           std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-          sleep_us = std::min(sleep_us * 2, 1000);
+          sleep_us = std::min(sleep_us * 2, 200);
           continue;
         }
-        if (st != hixl::TransferStatus::COMPLETED && p.status.ok()) {
-          p.status = FromHixl(reason.ok() ? hixl::Status::Failed("transfer did not complete")
-                                          : reason,
-                              "push to cluster " + std::to_string(p.target.remote->cluster_id));
+        if (st != hixl::TransferStatus::COMPLETED && p->status.ok()) {
+          p->status = FromHixl(reason.ok() ? hixl::Status::Failed("transfer did not complete")
+                                           : reason,
+                               "push of layer " + std::to_string(times[li].layer) +
+                                   " to cluster " + std::to_string(p->target.remote->cluster_id));
         }
         break;
       }
     }
+    times[li].done_ns = NowNs();
+  }
+  std::vector<Status> results;
+  for (auto& p : plans) {
     if (p.status.ok()) {
       p.status = impl->SendEventParts(p.target, internal::EncodeEvent(p.event), 0, timeout);
     }
     results.push_back(p.status);
   }
-  Finish(std::move(results));
+  Finish(std::move(results), std::move(times));
 }
 
 }  // namespace
@@ -249,6 +272,10 @@ Status LlmDataDist::Impl::TransferCacheAsync(const Cache& src, LayerGate gate,
       p.layer_descs.push_back(std::move(d));
     }
     p.event = MakeEvent(hixl::TransferOp::WRITE, p.target);
+    if (cfg.user_tag.size() > internal::kMaxUserTag) {
+      return ParamInvalid(where + "user_tag is longer than 256 bytes");
+    }
+    p.event.user_tag = cfg.user_tag;
     p.event.first_layer = p.dst_span.first_layer;
     p.event.last_layer = p.dst_span.last_layer;
     if (blocks) p.event.blocks = dst_blocks;
