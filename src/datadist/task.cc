@@ -4,6 +4,7 @@
 // layers), waits for them all, and tells each owner what arrived.
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <thread>
 
 #include "datadist/datadist_impl.h"
@@ -88,14 +89,72 @@ int64_t NowNs() {
 void LayerTask::Run(LlmDataDist::Impl* impl) {
   hixl::Hixl& engine = impl->engine();
   const int32_t timeout = impl->sync_wait_ms();
-  std::vector<LayerTime> times;
-  // Per posted layer: the requests of every config, to see it complete.
-  std::vector<std::vector<std::pair<ConfigPlan*, hixl::TransferReq>>> layer_reqs;
+  // Posted layers, in order, with the requests of every config; a poller
+  // thread sees each complete while later gates are still closed. Config
+  // statuses are written under mu by both threads.
+  struct Posted {
+    LayerTime time;
+    std::vector<std::pair<ConfigPlan*, hixl::TransferReq>> reqs;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Posted> posted;  // stable references while growing at the back
+  size_t next_to_poll = 0;
+  bool posting_done = false;
+  auto set_status = [&](ConfigPlan* p, Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (p->status.ok()) p->status = std::move(s);
+  };
+  std::thread poller([&] {
+    for (;;) {
+      Posted* layer = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return posting_done || next_to_poll < posted.size(); });
+        if (next_to_poll == posted.size()) return;  // posting_done
+        layer = &posted[next_to_poll];
+      }
+      for (auto [p, req] : layer->reqs) {
+        int sleep_us = 5;
+        for (;;) {
+          hixl::TransferStatus st = hixl::TransferStatus::WAITING;
+          hixl::Status reason;
+          hixl::Status q = engine.GetTransferStatus(req, st, reason);
+          if (!q.ok()) {
+            set_status(p, FromHixl(q, "layer-wise push"));
+            break;
+          }
+          if (st == hixl::TransferStatus::WAITING) {
+            std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+            sleep_us = std::min(sleep_us * 2, 100);
+            continue;
+          }
+          if (st != hixl::TransferStatus::COMPLETED) {
+            set_status(p, FromHixl(reason.ok() ? hixl::Status::Failed("transfer did not complete")
+                                               : reason,
+                                   "push of layer " + std::to_string(layer->time.layer) +
+                                       " to cluster " +
+                                       std::to_string(p->target.remote->cluster_id)));
+          }
+          break;
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      layer->time.done_ns = NowNs();
+      ++next_to_poll;
+    }
+  });
   for (int32_t layer = first_layer; layer <= last_layer; ++layer) {
-    bool wanted = std::any_of(plans.begin(), plans.end(), [&](const ConfigPlan& p) {
-      return p.status.ok() && layer >= p.src_span.first_layer && layer <= p.src_span.last_layer;
-    });
-    if (!wanted) continue;
+    std::vector<ConfigPlan*> todo;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& p : plans) {
+        if (p.status.ok() && layer >= p.src_span.first_layer && layer <= p.src_span.last_layer) {
+          todo.push_back(&p);
+        }
+      }
+    }
+    if (todo.empty()) continue;
     Status fail;
     if (stop->load()) {
       fail = Status(LLM_FAILED, "the instance was finalized during the transfer");
@@ -104,63 +163,43 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
                                     " returned false: layer " + std::to_string(layer) +
                                     " and the ones after it were not moved");
     }
-    if (fail.ok()) {
-      times.push_back({layer, NowNs(), 0});
-      layer_reqs.emplace_back();
+    if (!fail.ok()) {
+      for (ConfigPlan* p : todo) set_status(p, fail);
+      continue;
     }
-    for (auto& p : plans) {
-      if (!p.status.ok() || layer < p.src_span.first_layer || layer > p.src_span.last_layer) {
-        continue;
-      }
-      if (!fail.ok()) {
-        p.status = fail;
-        continue;
-      }
+    Posted entry;
+    entry.time = {layer, NowNs(), 0};
+    for (ConfigPlan* p : todo) {
       hixl::TransferArgs args;
       args.timeout_ms = timeout;
-      args.remote_generation = p.target.remote->generation;
+      args.remote_generation = p->target.remote->generation;
       hixl::TransferReq req = 0;
-      hixl::Status s = engine.TransferAsync(p.target.remote->engine, hixl::TransferOp::WRITE,
-                                            p.layer_descs[layer - p.src_span.first_layer], args,
+      hixl::Status s = engine.TransferAsync(p->target.remote->engine, hixl::TransferOp::WRITE,
+                                            p->layer_descs[layer - p->src_span.first_layer], args,
                                             req);
       if (!s.ok()) {
-        p.status = FromHixl(s, "push of layer " + std::to_string(layer) + " to cluster " +
-                                   std::to_string(p.target.remote->cluster_id));
+        set_status(p, FromHixl(s, "push of layer " + std::to_string(layer) + " to cluster " +
+                                      std::to_string(p->target.remote->cluster_id)));
         continue;
       }
-      layer_reqs.back().emplace_back(&p, req);
+      entry.reqs.emplace_back(p, req);
     }
-  }
-  // Wait for every posted layer, in order (each has its deadline), then tell
-  // the owners.
-  for (size_t li = 0; li < layer_reqs.size(); ++li) {
-    for (auto [p, req] : layer_reqs[li]) {
-      int sleep_us = 10;
-      for (;;) {
-        hixl::TransferStatus st = hixl::TransferStatus::WAITING;
-        hixl::Status reason;
-        hixl::Status q = engine.GetTransferStatus(req, st, reason);
-        if (!q.ok()) {
-          if (p->status.ok()) p->status = FromHixl(q, "layer-wise push");
-          break;
-        }
-        if (st == hixl::TransferStatus::WAITING) {
-          std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-          sleep_us = std::min(sleep_us * 2, 200);
-          continue;
-        }
-        if (st != hixl::TransferStatus::COMPLETED && p->status.ok()) {
-          p->status = FromHixl(reason.ok() ? hixl::Status::Failed("transfer did not complete")
-                                           : reason,
-                               "push of layer " + std::to_string(times[li].layer) +
-                                   " to cluster " + std::to_string(p->target.remote->cluster_id));
-        }
-        break;
-      }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      posted.push_back(std::move(entry));
     }
-    times[li].done_ns = NowNs();
+    cv.notify_all();
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    posting_done = true;
+  }
+  cv.notify_all();
+  poller.join();
+  // Every layer has landed (or failed): tell each owner, after the data.
   std::vector<Status> results;
+  std::vector<LayerTime> times;
+  for (const auto& e : posted) times.push_back(e.time);
   for (auto& p : plans) {
     if (p.status.ok()) {
       p.status = impl->SendEventParts(p.target, internal::EncodeEvent(p.event), 0, timeout);
