@@ -4,9 +4,11 @@
 set -euo pipefail
 
 PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
-# The Python module hixl: pybind11, numpy and pytest from Debian, used with
-# /usr/bin/python3 (python3-torch is optional: tests with tensors skip without it).
-PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest)
+# The Python modules hixl and llm_datadist: pybind11, numpy, pytest and torch
+# (CPU tensors as cache memory) from Debian, used with /usr/bin/python3.
+PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest python3-torch)
+# The performance pictures (tools/plots/*.py) and their test.
+PACKAGES+=(python3-matplotlib)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -27,6 +27,9 @@ else ``/tmp/hixl-<uid>`` (created 0700; it must belong to the user).
 ``ctx.open_buffer(name)`` waits for the peer's file (and a live pid) and
 imports the handle; ``ctx.export(buf)`` / ``ctx.import_buffer(string)`` do the
 same through any other channel. Files are removed when the context closes.
+A Buffer of one Context passed to another Context's read/write (both in this
+process, e.g. handed from one component to another) is imported there
+through the handle it carries, once, as if by ``import_buffer(buf.handle)``.
 
 Every failure raises ``hixl.HixlError`` (``.code``: the status number,
 ``.code_name``: e.g. ``"PARAM_INVALID"``).
@@ -143,6 +146,7 @@ class Context:
         self._ep = _hixl.Endpoint(ip, 0, link_type)
         self._buffers = {}    # name -> handle string (published)
         self._owned = []      # Buffers to release on close
+        self._imported = {}   # handle -> Buffer: other contexts' Buffers used here
         self._count = 0
         self._closed = False
         self._publish()
@@ -209,7 +213,9 @@ class Context:
 
     def export(self, buf):
         """The serialized handle of a buffer (give it to the peer's import_buffer)."""
-        self._check_buffer(buf)
+        self._check_open()
+        if not isinstance(buf, Buffer):
+            raise _error(_PARAM_INVALID, "PARAM_INVALID: not a hixl.Buffer: %s" % type(buf).__name__)
         return buf.handle
 
     def import_buffer(self, handle):
@@ -229,8 +235,10 @@ class Context:
     # -- transfers (no copies: the engine reads/writes the objects' memory)
     def write(self, src, buf, n, offset=0):
         """Writes n bytes from src (int address, buffer-protocol object or tensor)
-        into buf at offset. One-sided: the peer takes no part."""
-        self._check_buffer(buf)
+        into buf at offset. One-sided: the peer takes no part. buf may also be a
+        Buffer of another Context (e.g. one passed between threads or objects):
+        it is imported here through its handle (once)."""
+        buf = self._check_buffer(buf)
         self._check_range(buf, n, offset)
         if buf.local:
             _hixl.memmove(buf._hixl_address + offset, src, n)
@@ -238,8 +246,9 @@ class Context:
             self._ep.write(src, buf._id, offset, n)
 
     def read(self, buf, dst, n, offset=0):
-        """Reads n bytes of buf at offset into dst (int address, writable buffer or tensor)."""
-        self._check_buffer(buf)
+        """Reads n bytes of buf at offset into dst (int address, writable buffer or tensor);
+        buf may be a Buffer of another Context, as for write."""
+        buf = self._check_buffer(buf)
         self._check_range(buf, n, offset)
         if buf.local:
             _hixl.memmove(dst, buf._hixl_address + offset, n)
@@ -260,6 +269,7 @@ class Context:
             pass
         self._ep.close()
         self._owned = []
+        self._imported = {}
 
     def __enter__(self):
         return self
@@ -279,9 +289,22 @@ class Context:
             raise _error(_FAILED, "FAILED: the context is closed")
 
     def _check_buffer(self, buf):
+        """buf as a Buffer of this context: a Buffer of another Context (local
+        there or imported there) is imported here once through its handle, or
+        is this context's own buffer when the handle is one of ours."""
         self._check_open()
-        if not isinstance(buf, Buffer) or buf._ctx is not self:
-            raise _error(_PARAM_INVALID, "PARAM_INVALID: not a Buffer of this context")
+        if not isinstance(buf, Buffer):
+            raise _error(_PARAM_INVALID, "PARAM_INVALID: not a hixl.Buffer: %s" % type(buf).__name__)
+        if buf._ctx is self:
+            return buf
+        for own in self._owned:   # another context's view of one of ours
+            if own.handle == buf.handle:
+                return own
+        mine = self._imported.get(buf.handle)
+        if mine is None:
+            mine = self.import_buffer(buf.handle)
+            self._imported[buf.handle] = mine
+        return mine
 
     @staticmethod
     def _check_range(buf, n, offset):

@@ -126,6 +126,48 @@ def test_context_local_buffer_and_closed():
         ctx.write(b"x", buf, 1)
 
 
+def test_context_accepts_buffer_of_another_context(peer_factory):
+    # Same process: a Buffer allocated by context a, used by context b directly.
+    with hixl.Context(device_id=4) as a, hixl.Context(device_id=5) as b:
+        buf = a.allocate(8192, name="shared")
+        src = pattern(8192, 11)
+        b.write(src, buf, 8192)               # imported into b through buf.handle
+        assert bytes(buf.view()) == src.tobytes()
+        got = np.zeros(100, dtype=np.uint8)
+        b.read(buf, got, 100, offset=10)
+        assert np.array_equal(got, src[10:110])
+        b.write(b"xy", buf, 2, offset=8190)
+        assert bytes(buf.view()[8190:]) == b"xy"
+        assert len(b._imported) == 1          # imported once
+        # A's imported view of the same memory carries the same handle.
+        again = a.import_buffer(buf.handle)
+        b.read(again, got, 50)
+        assert np.array_equal(got[:50], src[:50]) and len(b._imported) == 1
+        # a's view of one of b's own buffers is b's local buffer again.
+        mine = b.allocate(64, name="b-own")
+        view_in_a = a.import_buffer(mine.handle)
+        b.write(b"local!", view_in_a, 6)
+        assert bytes(mine.view()[:6]) == b"local!" and len(b._imported) == 1
+        # Bounds are those of the buffer.
+        with pytest.raises(hixl.HixlError) as ei:
+            b.read(buf, got, 100, offset=8150)
+        assert ei.value.code_name == "PARAM_INVALID"
+        with pytest.raises(hixl.HixlError):
+            b.write(src, "not a buffer", 1)
+    # Across processes: the peer's buffer, opened by one context, used by another.
+    peer = peer_factory("context")
+    assert peer.line().startswith("READY")
+    with hixl.Context(device_id=1, peer_device_id=0) as opener, hixl.Context(device_id=6) as user:
+        remote = opener.open_buffer("kv", timeout=10)
+        dst = np.zeros(SIZE, dtype=np.uint8)
+        user.read(remote, dst, SIZE)
+        assert np.array_equal(dst, pattern(SIZE, 1))
+        user.write(pattern(SIZE, 12), remote, SIZE)
+        peer.say("CHECK 0 %d 12" % SIZE)
+        assert peer.line() == "OK"
+    assert peer.close() == 0
+
+
 def test_hixl_class_two_processes(peer_factory):
     peer = peer_factory("engine")
     engine, addr, size = peer.line().split()

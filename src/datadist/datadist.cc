@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -22,7 +23,6 @@ using internal::ParamInvalid;
 namespace {
 
 constexpr size_t kMaxEvents = 65536;
-constexpr int kTableReadTries = 16;
 
 bool ParseInt(const std::string& s, int64_t lo, int64_t hi, int64_t& out) {
   if (s.empty() || s.size() > 20) return false;
@@ -132,6 +132,16 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
   }
   hixl::Status s = engine_.RegisterMem({reinterpret_cast<uintptr_t>(root_), internal::kRootSize},
                                        hixl::MemType::MEM_HOST, root_handle_, hixl::MEM_PERM_READ);
+  for (int i = 0; i < 2 && s.ok(); ++i) {
+    slots_[i] = PageAlloc(kSlotBytes);
+    if (slots_[i] == nullptr) {
+      s = hixl::Status::ResourceExhausted("no memory for the cache table");
+      break;
+    }
+    hixl::MemHandle h = 0;
+    s = engine_.RegisterMem({reinterpret_cast<uintptr_t>(slots_[i]), kSlotBytes},
+                            hixl::MemType::MEM_HOST, h, hixl::MEM_PERM_READ);
+  }
   if (s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     Status p = PublishLocked();
@@ -145,10 +155,7 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
   if (s.ok()) s = engine_.SetNotifyCallback([this](const hixl::NotifyDesc& d) { OnNotify(d); });
   if (!s.ok()) {
     engine_.Finalize();
-    std::free(root_);
-    root_ = nullptr;
-    std::free(table_);
-    table_ = nullptr;
+    FreeTables();
     return FromHixl(s, "Initialize");
   }
   lease_stop_ = false;
@@ -173,11 +180,7 @@ void LlmDataDist::Impl::Finalize() {
   regs_.clear();
   allocs_.clear();
   released_.clear();
-  std::free(root_);
-  root_ = nullptr;
-  std::free(table_);
-  table_ = nullptr;
-  root_handle_ = table_handle_ = 0;
+  FreeTables();
   std::lock_guard<std::mutex> rl(remotes_mu_);
   remotes_.clear();
 }
@@ -298,27 +301,35 @@ Status LlmDataDist::Impl::Unlink(const ClusterInfo& c, int32_t timeout_ms, bool 
   return Status();
 }
 
-// Reads the peer's root, and its table when the version changed.
+// Reads the peer's root, and its table when the version changed. A root
+// torn by a concurrent update, a table rewritten while we read it, or a
+// large table in a region our engine has not heard of yet: read again, with
+// a growing pause, until the sync deadline.
 Status LlmDataDist::Impl::FetchTable(Remote& r, std::shared_ptr<const internal::Table>& out) {
   std::lock_guard<std::mutex> lock(r.mu);
   const int32_t timeout = sync_wait_ms_;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout);
   hixl::TransferArgs args;
   args.remote_generation = r.generation;
+  const std::string whose = "the cache table of cluster " + std::to_string(r.cluster_id);
   Status last;
-  for (int attempt = 0; attempt < kTableReadTries; ++attempt) {
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      if (Clock::now() >= deadline) break;
+      if (attempt > 2) {
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(50 << std::min(attempt, 10), 5000)));
+      }
+    }
     alignas(8) uint8_t root_bytes[internal::kRootSize];
     hixl::Status s = engine_.TransferSync(
         r.engine, hixl::TransferOp::READ,
         {{reinterpret_cast<uintptr_t>(root_bytes), r.root_addr, internal::kRootSize}}, args,
         timeout);
-    if (!s.ok()) {
-      return FromHixl(s, "reading the cache table of cluster " + std::to_string(r.cluster_id));
-    }
+    if (!s.ok()) return FromHixl(s, "reading " + whose);
     internal::Root root;
     if (!internal::DecodeRoot(root_bytes, root)) {
-      last = Failed("the cache table root of cluster " + std::to_string(r.cluster_id) +
-                    " is unreadable");
-      continue;  // torn by a concurrent update
+      last = Failed(whose + " has an unreadable root");
+      continue;
     }
     if (r.table && root.version == r.version) {
       out = r.table;
@@ -330,15 +341,14 @@ Status LlmDataDist::Impl::FetchTable(Remote& r, std::shared_ptr<const internal::
                                bytes.size()}},
                              args, timeout);
     if (!s.ok()) {
-      // Withdrawn while we read it, or a real failure: the next root tells.
-      last = FromHixl(s, "reading the cache table of cluster " + std::to_string(r.cluster_id));
+      last = FromHixl(s, "reading " + whose);
       if (s.code() != hixl::StatusCode::kParamInvalid) return last;
-      continue;
+      continue;  // a region our engine has not learned of yet, or withdrawn
     }
     auto table = std::make_shared<internal::Table>();
     if (Status d = internal::DecodeTable(bytes.data(), bytes.size(), *table); !d.ok()) {
       last = Failed("cluster " + std::to_string(r.cluster_id) + ": " + d.message());
-      continue;
+      continue;  // rewritten while we read it
     }
     if (table->version != root.version) continue;
     r.version = root.version;
@@ -346,13 +356,27 @@ Status LlmDataDist::Impl::FetchTable(Remote& r, std::shared_ptr<const internal::
     out = std::move(table);
     return Status();
   }
-  return last.ok() ? Failed("the cache table of cluster " + std::to_string(r.cluster_id) +
-                            " kept changing while it was read")
-                   : last;
+  return last.ok() ? Status(LLM_TIMEOUT, whose + " kept changing for " + std::to_string(timeout) +
+                                             " ms while it was read")
+                   : Status(last.code(), last.message() + " (for " + std::to_string(timeout) +
+                                             " ms)");
 }
 
 // ---------------------------------------------------------------------------
 // Local caches and the published table
+
+void LlmDataDist::Impl::FreeTables() {
+  std::free(root_);
+  root_ = nullptr;
+  std::free(table_);
+  table_ = nullptr;
+  for (auto& slot : slots_) {
+    std::free(slot);
+    slot = nullptr;
+  }
+  root_handle_ = table_handle_ = 0;
+  next_slot_ = 0;
+}
 
 bool LlmDataDist::Impl::InsideAlloc(uint64_t addr, uint64_t len) const {
   auto it = allocs_.upper_bound(addr);
@@ -361,6 +385,12 @@ bool LlmDataDist::Impl::InsideAlloc(uint64_t addr, uint64_t len) const {
   return addr >= it->first && addr - it->first <= it->second && len <= it->second - (addr - it->first);
 }
 
+// Tables up to kSlotBytes go into one of two slots registered at
+// Initialize, alternately (peers know those regions from the handshake on,
+// so a reader never meets a region its engine has not heard of yet); a
+// reader racing with a rewrite of the slot it reads sees a bad checksum and
+// reads the root again. A larger table gets a region of its own, which
+// readers may meet before their engine learned of it: they retry.
 Status LlmDataDist::Impl::PublishLocked() {
   internal::Table t;
   t.version = ++version_;
@@ -368,25 +398,45 @@ Status LlmDataDist::Impl::PublishLocked() {
   for (const auto& [id, c] : caches_) t.caches.push_back(c->entry);
   t.released.assign(released_.begin(), released_.end());
   std::vector<uint8_t> bytes = internal::EncodeTable(t);
-  void* buf = PageAlloc(bytes.size());
-  if (buf == nullptr) return Status(LLM_OUT_OF_MEMORY, "no memory for the cache table");
-  std::memcpy(buf, bytes.data(), bytes.size());
-  hixl::MemHandle h = 0;
-  hixl::Status s = engine_.RegisterMem({reinterpret_cast<uintptr_t>(buf), bytes.size()},
-                                       hixl::MemType::MEM_HOST, h, hixl::MEM_PERM_READ);
-  if (!s.ok()) {
+  uint64_t addr = 0;
+  if (bytes.size() <= kSlotBytes) {
+    void* slot = slots_[next_slot_];
+    next_slot_ ^= 1;
+    std::memcpy(slot, bytes.data(), bytes.size());
+    addr = reinterpret_cast<uint64_t>(slot);
+  } else {
+    void* buf = PageAlloc(bytes.size());
+    if (buf == nullptr) return Status(LLM_OUT_OF_MEMORY, "no memory for the cache table");
+    std::memcpy(buf, bytes.data(), bytes.size());
+    hixl::MemHandle h = 0;
+    hixl::Status s = engine_.RegisterMem({reinterpret_cast<uintptr_t>(buf), bytes.size()},
+                                         hixl::MemType::MEM_HOST, h, hixl::MEM_PERM_READ);
+    if (!s.ok()) {
+      std::free(buf);
+      return FromHixl(s, "publishing the cache table");
+    }
+    std::swap(buf, table_);
+    std::swap(h, table_handle_);
+    addr = reinterpret_cast<uint64_t>(table_);
+    // The previous large table (if any) is withdrawn after the root moved.
+    internal::Root root{t.version, addr, bytes.size()};
+    uint8_t root_bytes[internal::kRootSize];
+    internal::EncodeRoot(root, root_bytes);
+    std::memcpy(root_, root_bytes, internal::kRootSize);
+    if (h != 0) (void)engine_.DeregisterMem(h);  // returns once no peer reads it
     std::free(buf);
-    return FromHixl(s, "publishing the cache table");
+    return Status();
   }
-  internal::Root root{t.version, reinterpret_cast<uint64_t>(buf), bytes.size()};
+  internal::Root root{t.version, addr, bytes.size()};
   uint8_t root_bytes[internal::kRootSize];
   internal::EncodeRoot(root, root_bytes);
   std::memcpy(root_, root_bytes, internal::kRootSize);
-  // Withdraw the previous table: returns once no peer reads it any more.
-  if (table_handle_ != 0) (void)engine_.DeregisterMem(table_handle_);
-  std::free(table_);
-  table_ = buf;
-  table_handle_ = h;
+  if (table_handle_ != 0) {  // back in the slots: withdraw the large table
+    (void)engine_.DeregisterMem(table_handle_);
+    std::free(table_);
+    table_ = nullptr;
+    table_handle_ = 0;
+  }
   return Status();
 }
 

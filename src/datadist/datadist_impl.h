@@ -116,6 +116,8 @@ class LlmDataDist::Impl {
   Status MoveAndTell(const Target& t, hixl::TransferOp op,
                      const std::vector<hixl::TransferOpDesc>& descs,
                      const internal::EventMsg& event, int32_t timeout_ms);
+  // OK when the owner's current table still lists t's cache as t knows it.
+  Status StillListed(const Target& t);
   // Sends event parts [from_part, end) after the data is in place.
   Status SendEventParts(const Target& t, const std::vector<std::string>& parts, size_t from_part,
                         int32_t timeout_ms);
@@ -149,8 +151,12 @@ class LlmDataDist::Impl {
   uint64_t version_ = 0;
   void* root_ = nullptr;
   hixl::MemHandle root_handle_ = 0;
-  void* table_ = nullptr;
+  static constexpr size_t kSlotBytes = 256 << 10;
+  void* slots_[2] = {nullptr, nullptr};  // registered at Initialize
+  int next_slot_ = 0;
+  void* table_ = nullptr;  // a table larger than a slot
   hixl::MemHandle table_handle_ = 0;
+  void FreeTables();
 
   mutable std::mutex remotes_mu_;
   std::map<uint64_t, std::shared_ptr<Remote>> remotes_;

@@ -1,6 +1,7 @@
 // LlmDataDist: the public class, and pulls and pushes (resolve both caches,
 // build the descriptors, move them in one engine transfer, tell the owner).
 #include <algorithm>
+#include <thread>
 
 #include "datadist/datadist_impl.h"
 #include "datadist/status_util.h"
@@ -121,6 +122,19 @@ Status LlmDataDist::Impl::SendEventParts(const Target& t, const std::vector<std:
   return Status();
 }
 
+Status LlmDataDist::Impl::StillListed(const Target& t) {
+  std::shared_ptr<const internal::Table> table;
+  if (Status s = FetchTable(*t.remote, table); !s.ok()) return s;
+  for (const auto& c : table->caches) {
+    if (c.id == t.cache.id) {
+      if (c.addrs != t.cache.addrs) break;
+      return Status();
+    }
+  }
+  return NotExist("cache " + std::to_string(t.cache.id) + " of cluster " +
+                  std::to_string(t.remote->cluster_id) + " was unregistered");
+}
+
 Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
                                       const std::vector<hixl::TransferOpDesc>& descs,
                                       const internal::EventMsg& event, int32_t timeout_ms) {
@@ -131,18 +145,21 @@ Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
   const char* verb = op == hixl::TransferOp::READ ? "pull from" : "push to";
   const std::string what = std::string(verb) + " cache " + std::to_string(t.cache.id) +
                            " of cluster " + std::to_string(t.remote->cluster_id);
-  hixl::Status s = engine_.TransferSync(t.remote->engine, op, descs, args, timeout_ms);
-  if (!s.ok()) {
-    if (s.code() == hixl::StatusCode::kParamInvalid) {
-      // The owner may have unregistered the cache meanwhile: say so plainly.
-      std::shared_ptr<const internal::Table> table;
-      if (FetchTable(*t.remote, table).ok() &&
-          std::none_of(table->caches.begin(), table->caches.end(),
-                       [&](const internal::CacheEntry& c) { return c.id == t.cache.id; })) {
-        return NotExist(what + ": the cache was unregistered (" + s.ToString() + ")");
-      }
+  const auto start = Clock::now();
+  for (int attempt = 0;; ++attempt) {
+    const int32_t left = timeout_ms - static_cast<int32_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+    hixl::Status s = engine_.TransferSync(t.remote->engine, op, descs, args, std::max(left, 1));
+    if (s.ok()) break;
+    if (s.code() != hixl::StatusCode::kParamInvalid) return FromHixl(s, what);
+    // The engine refused before any byte moved. Either the owner unregistered
+    // the cache meanwhile (say so), or it registered it so recently that our
+    // engine has not heard of its memory yet (wait a little and try again).
+    if (Status listed = StillListed(t); !listed.ok()) {
+      return Status(listed.code(), what + ": " + listed.message() + " (" + s.ToString() + ")");
     }
-    return FromHixl(s, what);
+    if (Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) return FromHixl(s, what);
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(50 << std::min(attempt, 10), 5000)));
   }
   return SendEventParts(t, parts, 1, timeout_ms);
 }

@@ -174,9 +174,24 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
       args.timeout_ms = timeout;
       args.remote_generation = p->target.remote->generation;
       hixl::TransferReq req = 0;
-      hixl::Status s = engine.TransferAsync(p->target.remote->engine, hixl::TransferOp::WRITE,
-                                            p->layer_descs[layer - p->src_span.first_layer], args,
-                                            req);
+      hixl::Status s;
+      const auto post_start = std::chrono::steady_clock::now();
+      for (int attempt = 0;; ++attempt) {
+        s = engine.TransferAsync(p->target.remote->engine, hixl::TransferOp::WRITE,
+                                 p->layer_descs[layer - p->src_span.first_layer], args, req);
+        if (s.ok() || s.code() != hixl::StatusCode::kParamInvalid) break;
+        // Refused before any byte moved: unregistered meanwhile, or so
+        // recently registered that our engine has not heard of it yet.
+        if (Status listed = impl->StillListed(p->target); !listed.ok()) {
+          s = hixl::Status::ParamInvalid(listed.message() + " (" + s.message() + ")");
+          break;
+        }
+        if (std::chrono::steady_clock::now() - post_start >= std::chrono::milliseconds(timeout)) {
+          break;
+        }
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(std::min(50 << std::min(attempt, 10), 5000)));
+      }
       if (!s.ok()) {
         set_status(p, FromHixl(s, "push of layer " + std::to_string(layer) + " to cluster " +
                                       std::to_string(p->target.remote->cluster_id)));
