@@ -28,7 +28,9 @@
 // The owner learns what was moved (extension): when a pull or push of one of
 // its caches completes, its instance receives a KvTransferEvent naming the
 // cache, the request key and the blocks — after the data, so a prefill
-// instance may free blocks the moment decode has them. A cache registered
+// instance may free blocks the moment decode has them. It hears only of
+// transfers that succeeded; telling it is best effort (a lost message is
+// logged by the mover, whose call still succeeds: its data did move). A cache registered
 // with request keys and a lease has its keys released when nobody pulled by
 // them in time; a later pull by such a key fails LLM_KV_CACHE_NOT_EXIST
 // saying so.
@@ -290,7 +292,8 @@ class HIXL_EXPORT LlmDataDist {
   void Finalize();
   // Changes the role (requires llm.EnableSwitchRole=1 at Initialize, else
   // LLM_FEATURE_NOT_ENABLED). options may carry llm.ListenIpInfo only when
-  // it equals the current one. Links and caches are kept.
+  // it equals the current one (as configured, or as bound: LocalAddress()).
+  // Links and caches are kept.
   Status SetRole(LlmRole role, const std::map<std::string, std::string>& options = {});
 
   uint64_t ClusterId() const { return cluster_id_; }

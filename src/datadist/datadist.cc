@@ -196,7 +196,7 @@ Status LlmDataDist::Impl::SetRole(LlmRole role, const std::map<std::string, std:
   }
   for (const auto& [k, v] : opts) {
     if (k == options::kListenIpInfo) {
-      if (v != listen_) {
+      if (v != listen_ && v != engine_.LocalEngine()) {
         return ParamInvalid("SetRole: the listening address cannot change (it is \"" + listen_ +
                             "\"); finalize and initialize again");
       }

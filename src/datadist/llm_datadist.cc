@@ -1,6 +1,7 @@
 // LlmDataDist: the public class, and pulls and pushes (resolve both caches,
 // build the descriptors, move them in one engine transfer, tell the owner).
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "datadist/datadist_impl.h"
@@ -115,6 +116,10 @@ Status LlmDataDist::Impl::SendEventParts(const Target& t, const std::vector<std:
     hixl::Status s =
         engine_.SendNotify(t.remote->engine, {internal::kEventName, parts[i], ""}, timeout_ms);
     if (!s.ok()) {
+      // The transfer itself succeeded; the owner may not hear of it (its
+      // lease, if any, is the backstop).
+      std::fprintf(stderr, "llm_datadist: cluster %llu: the data moved, but telling its owner failed: %s\n",
+                   static_cast<unsigned long long>(t.remote->cluster_id), s.ToString().c_str());
       return FromHixl(s, "the data moved, but telling cluster " +
                              std::to_string(t.remote->cluster_id) + " failed");
     }
@@ -138,10 +143,13 @@ Status LlmDataDist::Impl::StillListed(const Target& t) {
 Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
                                       const std::vector<hixl::TransferOpDesc>& descs,
                                       const internal::EventMsg& event, int32_t timeout_ms) {
+  // The data moves first; the owner is told once it is all in place. (Not
+  // attached to the transfer: a notification whose answer timed out may
+  // still arrive, and the owner must never hear of a transfer its mover
+  // was told had failed.)
   std::vector<std::string> parts = internal::EncodeEvent(event);
   hixl::TransferArgs args;
   args.remote_generation = t.remote->generation;
-  args.notify = hixl::NotifyDesc{internal::kEventName, parts[0], ""};
   const char* verb = op == hixl::TransferOp::READ ? "pull from" : "push to";
   const std::string what = std::string(verb) + " cache " + std::to_string(t.cache.id) +
                            " of cluster " + std::to_string(t.remote->cluster_id);
@@ -161,7 +169,8 @@ Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
     if (Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) return FromHixl(s, what);
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(50 << std::min(attempt, 10), 5000)));
   }
-  return SendEventParts(t, parts, 1, timeout_ms);
+  (void)SendEventParts(t, parts, 0, timeout_ms);
+  return Status();
 }
 
 Status LlmDataDist::Impl::Transfer(const Request& r) {

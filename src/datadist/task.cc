@@ -216,8 +216,8 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
   std::vector<LayerTime> times;
   for (const auto& e : posted) times.push_back(e.time);
   for (auto& p : plans) {
-    if (p.status.ok()) {
-      p.status = impl->SendEventParts(p.target, internal::EncodeEvent(p.event), 0, timeout);
+    if (p.status.ok()) {  // the data is in place; telling the owner is best effort
+      (void)impl->SendEventParts(p.target, internal::EncodeEvent(p.event), 0, timeout);
     }
     results.push_back(p.status);
   }
