@@ -1,0 +1,228 @@
+#include "bench/common.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace hixl_bench {
+
+void Fail(const std::string& msg) { throw BenchError(msg); }
+
+void Check(const hixl::Status& st, const std::string& what) {
+  if (!st.ok()) Fail(what + " failed: " + st.ToString());
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// ---------------------------------------------------------------- parsing ---
+
+uint64_t ParseSize(const std::string& text) {
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos, 10);
+  } catch (const std::exception&) {
+    Fail("bad size '" + text + "'");
+  }
+  std::string unit = text.substr(pos);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    mult = KiB;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    mult = MiB;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    mult = GiB;
+  else
+    Fail("bad size unit in '" + text + "'");
+  if (v == 0) Fail("size must be > 0: '" + text + "'");
+  return v * mult;
+}
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  if (out.empty()) Fail("empty list '" + s + "'");
+  return out;
+}
+
+std::vector<uint64_t> ParseSizeList(const std::string& s) {
+  std::vector<uint64_t> out;
+  for (const auto& item : SplitComma(s)) out.push_back(ParseSize(item));
+  return out;
+}
+
+uint64_t ParseCount(const std::string& s, uint64_t lo, uint64_t hi) {
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos, 10);
+  } catch (const std::exception&) {
+    Fail("bad number '" + s + "'");
+  }
+  if (pos != s.size() || v < lo || v > hi)
+    Fail("number '" + s + "' out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+         "]");
+  return v;
+}
+
+std::string HumanSize(uint64_t n) {
+  if (n >= GiB && n % GiB == 0) return std::to_string(n / GiB) + "G";
+  if (n >= MiB && n % MiB == 0) return std::to_string(n / MiB) + "M";
+  if (n >= KiB && n % KiB == 0) return std::to_string(n / KiB) + "K";
+  return std::to_string(n);
+}
+
+std::string Lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// ---------------------------------------------------------------- pattern ---
+
+void FillPattern(uint8_t* p, size_t len, uint64_t seed) {
+  const size_t words = len / 8;
+  for (size_t i = 0; i < words; ++i) {
+    const uint64_t w = Mix(seed + i);
+    std::memcpy(p + 8 * i, &w, 8);
+  }
+  if (len % 8) {
+    const uint64_t w = Mix(seed + words);
+    std::memcpy(p + 8 * words, &w, len % 8);
+  }
+}
+
+size_t FindPatternMismatch(const uint8_t* p, size_t len, uint64_t seed) {
+  const size_t words = len / 8;
+  for (size_t i = 0; i < words; ++i) {
+    const uint64_t w = Mix(seed + i);
+    if (std::memcmp(p + 8 * i, &w, 8) != 0) {
+      for (size_t b = 0; b < 8; ++b)
+        if (p[8 * i + b] != reinterpret_cast<const uint8_t*>(&w)[b]) return 8 * i + b;
+    }
+  }
+  if (len % 8) {
+    const uint64_t w = Mix(seed + words);
+    for (size_t b = 0; b < len % 8; ++b)
+      if (p[8 * words + b] != reinterpret_cast<const uint8_t*>(&w)[b]) return 8 * words + b;
+  }
+  return SIZE_MAX;
+}
+
+uint64_t PatternSeed(uint64_t block, uint64_t batch, uint64_t rep, int op) {
+  return Mix(Mix(Mix(block) ^ batch) ^ (rep << 8) ^ static_cast<uint64_t>(op));
+}
+
+// --------------------------------------------------------- private buffer ---
+
+Buffer::Buffer(size_t len) : len_(len) {
+  if (len == 0) return;
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) Fail("mmap(" + std::to_string(len) + ") failed: " + std::strerror(errno));
+  madvise(p, len, MADV_HUGEPAGE);  // best effort, same treatment for every private buffer
+  std::memset(p, 0x5a, len);
+  ptr_ = static_cast<uint8_t*>(p);
+}
+
+Buffer::~Buffer() {
+  if (ptr_) munmap(ptr_, len_);
+}
+
+// ------------------------------------------------------------- statistics ---
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t idx = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size()))) - 1;
+  return sorted[std::min(idx, sorted.size() - 1)];
+}
+
+double JainIndex(const std::vector<double>& x) {
+  double sum = 0, sq = 0;
+  for (double v : x) sum += v, sq += v * v;
+  if (x.empty() || sq <= 0) return 0;
+  return sum * sum / (static_cast<double>(x.size()) * sq);
+}
+
+// ----------------------------------------------------------------- output ---
+
+void PrintJson(const Measurement& m) {
+  std::printf(
+      "{\"transport\":\"%s\",\"mem\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
+      ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"iters\":%" PRIu64
+      ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"baseline\":\"%s\""
+      ",\"baseline_gbps\":%.4f,\"baseline_p50_us\":%.3f,\"baseline_threads\":%" PRIu64
+      ",\"ratio\":%.4f",
+      m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch, m.threads,
+      m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.baseline.c_str(), m.base_gbps, m.base_p50_us,
+      m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0);
+  if (m.before_gbps > 0) {
+    std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
+                m.before_gbps, m.gbps / m.before_gbps);
+  }
+  std::printf(",\"verified\":%s}\n", m.verified < 0 ? "null" : (m.verified ? "true" : "false"));
+  std::fflush(stdout);
+}
+
+void PrintTableHeader() {
+  std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %3s %7s %9s %9s %9s %9s %9s %4s %7s %s\n", "mem",
+               "mode", "op", "block", "batch", "thr", "iters", "GB/s", "avg_us", "p50_us", "p99_us",
+               "baseline", "bthr", "ratio", "verified");
+}
+
+void PrintTableRow(const Measurement& m) {
+  std::fprintf(stderr,
+               "%-6s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
+               " %9.3f %9.2f %9.2f %9.2f %9.3f %4" PRIu64 " %7.3f %s\n",
+               m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
+               m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps,
+               m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
+               m.verified < 0 ? "-" : (m.verified ? "yes" : "NO"));
+}
+
+// --------------------------------------------------------------- progress ---
+
+Progress::Progress(uint64_t total) : on_(isatty(STDERR_FILENO) == 1), total_(total) {}
+
+void Progress::Step(const std::string& what) {
+  ++done_;
+  if (!on_) return;
+  // \r and "erase to end of line": the line is redrawn in place.
+  std::fprintf(stderr, "\r\033[K  [%" PRIu64 "/%" PRIu64 "] %s", done_, total_, what.c_str());
+  std::fflush(stderr);
+  shown_ = true;
+}
+
+void Progress::Clear() {
+  if (!shown_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  shown_ = false;
+}
+
+}  // namespace hixl_bench

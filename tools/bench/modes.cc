@@ -1,0 +1,223 @@
+#include "bench/modes.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/common.h"
+#include "bench/process.h"
+
+namespace hixl_bench {
+
+// --control: the control-plane costs a user pays outside transfers.
+int RunControl(const Options& o) {
+  Child child;
+  const Target target = StartTarget(child, o, o.mems.front());
+  hixl::Hixl engine;
+  Check(engine.Initialize("127.0.0.1",
+                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+        "Initialize");
+  constexpr int kN = 200;
+  auto report = [](const char* what, std::vector<double>& us) {
+    std::sort(us.begin(), us.end());
+    std::printf(
+        "{\"mode\":\"control\",\"op\":\"%s\",\"iters\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+        what, us.size(), Percentile(us, 0.50), Percentile(us, 0.99));
+    std::fprintf(stderr, "%-28s p50 %9.1f us   p99 %9.1f us\n", what, Percentile(us, 0.50),
+                 Percentile(us, 0.99));
+  };
+  std::vector<double> connect_us;
+  for (int i = 0; i < kN; ++i) {
+    const auto a = Clock::now();
+    Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+    connect_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    Check(engine.Disconnect(target.engine), "Disconnect");
+  }
+  report(o.transport == "tcp" ? "connect (tcp)" : "connect (shm)", connect_us);
+  // 1 GiB of untouched anonymous memory, as a KV pool would be before use.
+  const size_t gib = size_t{1} << 30;
+  void* mem = mmap(nullptr, gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) Fail("mmap 1 GiB failed");
+  std::vector<double> reg_us, dereg_us;
+  for (int i = 0; i < kN; ++i) {
+    hixl::MemHandle h = 0;
+    auto a = Clock::now();
+    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(mem), gib}, hixl::MemType::MEM_HOST, h),
+          "RegisterMem");
+    reg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    a = Clock::now();
+    Check(engine.DeregisterMem(h), "DeregisterMem");
+    dereg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  report("register_mem 1GiB", reg_us);
+  report("deregister_mem 1GiB", dereg_us);
+  munmap(mem, gib);
+  engine.Finalize();
+  child.Stop();
+  return 0;
+}
+
+// --notify: a 4 KiB WRITE with a notification attached, timed from posting to
+// the moment the target's GetNotifies returns it; beside it, in the same run,
+// the plain 4 KiB TransferSync WRITE and the WRITE+notify TransferSync.
+int RunNotify(const Options& o) {
+  Child child;
+  const Target target = StartTarget(child, o, o.mems.front());
+  hixl::Hixl engine;
+  Check(engine.Initialize("127.0.0.1",
+                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+        "Initialize");
+  Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+  const uint64_t n = o.iters ? o.iters : 5000;
+  Buffer local(4 * KiB);
+  const std::vector<hixl::TransferOpDesc> descs = {
+      {reinterpret_cast<uintptr_t>(local.data()), target.addr, 4 * KiB}};
+  for (int i = 0; i < 200; ++i)
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "warm-up");
+  child.WriteLine("watch " + std::to_string(n));
+  std::vector<double> plain_us, sync_us;
+  for (uint64_t i = 0; i < n; ++i) {
+    auto a = Clock::now();
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "TransferSync");
+    plain_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    hixl::TransferArgs args;
+    args.notify = hixl::NotifyDesc{"kv", std::to_string(NowNs()), ""};
+    a = Clock::now();
+    Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs, args,
+                              kTransferTimeoutMs),
+          "TransferSync with notify");
+    sync_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  const std::string reply = child.ReadLine(kReplyTimeoutMs);
+  std::istringstream in(reply);
+  std::string ok;
+  double seen_p50 = 0, seen_p99 = 0;
+  if (!(in >> ok >> seen_p50 >> seen_p99) || ok != "OK") Fail("target: " + reply);
+  std::sort(plain_us.begin(), plain_us.end());
+  std::sort(sync_us.begin(), sync_us.end());
+  std::printf("{\"mode\":\"notify\",\"transport\":\"%s\",\"iters\":%" PRIu64
+              ",\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,\"sync_notify_p50_us\":%.2f,"
+              "\"sync_notify_p99_us\":%.2f,\"write_p50_us\":%.2f,\"write_p99_us\":%.2f}\n",
+              o.transport.c_str(), n, seen_p50, seen_p99, Percentile(sync_us, 0.5),
+              Percentile(sync_us, 0.99), Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+  if (o.table) {
+    std::fprintf(stderr, "%s: notification seen after post  p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), seen_p50, seen_p99);
+    std::fprintf(stderr, "%s: WRITE 4K + notify (sync)      p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), Percentile(sync_us, 0.5), Percentile(sync_us, 0.99));
+    std::fprintf(stderr, "%s: WRITE 4K (sync, baseline)     p50 %8.2f us  p99 %8.2f us\n",
+                 o.transport.c_str(), Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+  }
+  engine.Finalize();
+  child.Stop();
+  return 0;
+}
+
+// --failover: how long after a target dies (kill -9) or hangs (SIGSTOP) an
+// in-flight request ends FAILED. tcp: the target is stopped first so the
+// request is surely in flight; shm copies do not wait on the target, so there
+// the time until the link is dropped (GetConnectStatus NOT_CONNECTED) is shown.
+int RunFailover(const Options& o) {
+  const int reps = static_cast<int>(std::min<uint64_t>(o.reps, 20));
+  const int hb_ms = 1000, misses = 3;  // the engine's defaults
+  for (const char* how : {"kill", "hang"}) {
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      Child child;
+      const Target target = StartTarget(child, o, o.mems.front());
+      hixl::Hixl engine;
+      Check(engine.Initialize("127.0.0.1",
+                              {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+            "Initialize");
+      Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
+      const size_t len = std::min<size_t>(target.len, 64 * MiB);
+      Buffer local(len);
+      hixl::TransferReq req = 0;
+      const bool tcp = o.transport == "tcp";
+      const bool hang = std::string(how) == "hang";
+      auto t0 = Clock::now();  // a hang starts at the SIGSTOP
+      if (tcp || hang) kill(child.pid(), SIGSTOP);
+      if (tcp) {
+        Check(engine.TransferAsync(target.engine, hixl::TransferOp::WRITE,
+                                   {{reinterpret_cast<uintptr_t>(local.data()), target.addr, len}},
+                                   {}, req),
+              "TransferAsync");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!hang) {
+        t0 = Clock::now();
+        kill(child.pid(), SIGKILL);
+      }
+      const auto limit = t0 + std::chrono::seconds(30);
+      bool ended = false;
+      while (!ended && Clock::now() < limit) {
+        if (tcp) {
+          hixl::TransferStatus st;
+          Check(engine.GetTransferStatus(req, st), "GetTransferStatus");
+          if (st == hixl::TransferStatus::COMPLETED)
+            Fail("a transfer to a stopped target completed");
+          ended = st != hixl::TransferStatus::WAITING;
+        } else {
+          hixl::ConnectStatus cs;
+          Check(engine.GetConnectStatus(target.engine, cs), "GetConnectStatus");
+          ended = cs == hixl::ConnectStatus::NOT_CONNECTED;
+        }
+        if (!ended) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (!ended) Fail(std::string("no failure seen 30 s after ") + how);
+      ms.push_back(Seconds(t0, Clock::now()) * 1e3);
+      engine.Finalize();
+      kill(child.pid(), SIGKILL);
+      kill(child.pid(), SIGCONT);
+      child.Stop();
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "{\"mode\":\"failover\",\"transport\":\"%s\",\"event\":\"%s\",\"reps\":%d,"
+        "\"p50_ms\":%.1f,\"max_ms\":%.1f,\"heartbeat_ms\":%d,\"misses\":%d}\n",
+        o.transport.c_str(), how, reps, Percentile(ms, 0.5), ms.back(), hb_ms, misses);
+    if (o.table)
+      std::fprintf(stderr, "%s: %s -> %s  p50 %8.1f ms  max %8.1f ms (heartbeat %d ms x %d)\n",
+                   o.transport.c_str(), how,
+                   o.transport == "tcp" ? "request FAILED" : "link dropped", Percentile(ms, 0.5),
+                   ms.back(), hb_ms, misses);
+  }
+  return 0;
+}
+
+// --kv: the LLM-DataDist KV benchmark is its own binary, hixl-kv-bench, built
+// beside this one; run it in our place with the options it shares with us.
+int RunKv(const Options& o) {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) Fail(std::string("readlink(/proc/self/exe) failed: ") + std::strerror(errno));
+  self[n] = '\0';
+  std::string dir(self);
+  dir.erase(dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+  const std::string path = (dir.empty() ? std::string(".") : dir) + "/hixl-kv-bench";
+  std::vector<std::string> args = {path};
+  if (o.transport_given) args.insert(args.end(), {"--transport", o.transport});
+  if (o.reps_given) args.insert(args.end(), {"--reps", std::to_string(o.reps)});
+  if (o.verify) args.push_back("--verify");
+  if (o.table) args.push_back("--table");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  execv(path.c_str(), argv.data());
+  Fail("cannot run " + path + ": " + std::strerror(errno) +
+       " (build it: cmake --build <dir> --target hixl-kv-bench)");
+}
+
+}  // namespace hixl_bench

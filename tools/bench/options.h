@@ -1,0 +1,46 @@
+// hixl-bench: the command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/common.h"
+
+namespace hixl_bench {
+
+struct Options {
+  bool serve = false;
+  std::string transport = "shm";  // shm | tcp
+  uint64_t slice = 0;             // tcp: TcpSliceSize (0: engine default)
+  bool do_write = true, do_read = true;
+  std::vector<uint64_t> blocks = {4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB,
+                                  4 * MiB, 16 * MiB, 64 * MiB, 128 * MiB};
+  std::vector<uint64_t> batches = {1};
+  std::vector<uint64_t> threads = {1, 2};
+  std::vector<std::string> mems = {"alloc"};
+  uint64_t iters = 0;  // 0: auto
+  uint64_t reps = 5;
+  bool verify = false;
+  bool latency = false;
+  bool sweep = false;     // with --latency: run the bandwidth sweep as well
+  bool control = false;   // --control: Connect and RegisterMem timings instead
+  bool notify = false;    // --notify: notification latency after a 4 KiB write
+  bool failover = false;  // --failover: time from a peer's death or hang to FAILED
+  bool table = false;
+  uint64_t max_total = 256 * MiB;
+  uint64_t region_size = 256 * MiB;
+  uint64_t baseline_min_part = 1 * MiB;  // 0: always split the memcpy into T parts
+
+  std::vector<uint64_t> many;  // --many N,M: initiator counts (empty: not this mode)
+  bool kv = false;             // --kv: exec hixl-kv-bench
+  std::string worker_of;       // --many-worker ENGINE: an initiator process of --many
+  // Which options the command line gave (--many has defaults of its own,
+  // --kv passes through only what was given).
+  bool transport_given = false, reps_given = false, blocks_given = false, threads_given = false;
+};
+
+void Usage();
+Options ParseArgs(int argc, char** argv);
+
+}  // namespace hixl_bench

@@ -1,0 +1,227 @@
+#include "bench/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+namespace hixl_bench {
+
+// ---------------------------------------------------------- child process ---
+
+void Child::Spawn(const std::vector<std::string>& args, int pass_fd) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
+    Fail(std::string("pipe2 failed: ") + std::strerror(errno));
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) Fail(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {  // child: only async-signal-safe calls until exec
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    if (pass_fd == 3)
+      fcntl(3, F_SETFD, 0);  // dup2 onto itself would keep FD_CLOEXEC
+    else if (pass_fd >= 0)
+      dup2(pass_fd, 3);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    execv("/proc/self/exe", argv.data());
+    const char msg[] = "hixl-bench: execv(/proc/self/exe) failed\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  pid_ = pid;
+  to_child_ = in[1];
+  from_child_ = out[0];
+}
+
+std::string Child::ReadLine(int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const size_t nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return line;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      Fail("no reply from " + name_ + " within " + std::to_string(timeout_ms / 1000) + " s");
+    pollfd pfd{from_child_, POLLIN, 0};
+    const int r = poll(&pfd, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) Fail(std::string("poll failed: ") + std::strerror(errno));
+    if (r == 0) continue;
+    char chunk[4096];
+    const ssize_t n = read(from_child_, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) Fail(name_ + " exited unexpectedly (" + Reap() + ")");
+    buf_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void Child::WriteLine(const std::string& line) {
+  const std::string s = line + "\n";
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = write(to_child_, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) Fail("cannot talk to " + name_ + " (" + Reap() + ")");
+    done += static_cast<size_t>(n);
+  }
+}
+
+void Child::RequestQuit() {
+  if (pid_ <= 0 || to_child_ < 0) return;
+  const char quit[] = "quit\n";
+  ssize_t ignored = write(to_child_, quit, sizeof quit - 1);
+  (void)ignored;
+  close(to_child_);
+  to_child_ = -1;
+}
+
+std::string Child::Stop() {
+  if (pid_ <= 0) return "not running";
+  RequestQuit();
+  return Reap();
+}
+
+std::string Child::Reap() {
+  if (pid_ <= 0) return "already reaped";
+  int st = 0;
+  pid_t r = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while ((r = waitpid(pid_, &st, WNOHANG)) == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::string how;
+  if (r == 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &st, 0);
+    how = "did not exit in 10 s, killed";
+  } else if (r < 0) {
+    how = std::string("waitpid failed: ") + std::strerror(errno);
+  } else if (WIFEXITED(st)) {
+    how = "exit status " + std::to_string(WEXITSTATUS(st));
+  } else if (WIFSIGNALED(st)) {
+    how = std::string("killed by signal ") + strsignal(WTERMSIG(st));
+  }
+  pid_ = -1;
+  if (to_child_ >= 0) close(to_child_);
+  if (from_child_ >= 0) close(from_child_);
+  to_child_ = from_child_ = -1;
+  return how;
+}
+
+// ----------------------------------------------------------------- target ---
+
+Target StartTarget(Child& child, const Options& o, const std::string& mem) {
+  child.Spawn(
+      {"hixl-bench", "--serve", "--mem", mem, "--region-size", std::to_string(o.region_size)});
+  const std::string line = child.ReadLine(kReadyTimeoutMs);
+  std::istringstream in(line);
+  std::string word;
+  Target t;
+  if (!(in >> word >> t.engine >> t.addr >> t.len) || word != "READY")
+    Fail("unexpected line from the target process: '" + line + "'");
+  if (t.len < o.region_size) Fail("target region smaller than requested");
+  return t;
+}
+
+int Serve(const Options& o) {
+  hixl::Hixl engine;
+  Check(engine.Initialize("127.0.0.1:0", {}), "target Initialize(127.0.0.1:0)");
+  const size_t len = o.region_size;
+  const std::string mem = o.mems.front();
+  uint8_t* region = nullptr;
+  std::unique_ptr<uint8_t, decltype(&std::free)> owned(nullptr, &std::free);
+  hixl::MemHandle handle = 0;
+  if (mem == "alloc") {
+    void* p = nullptr;
+    Check(engine.AllocMem(len, hixl::MemType::MEM_HOST, &p), "target AllocMem");
+    region = static_cast<uint8_t*>(p);
+  } else {
+    owned.reset(static_cast<uint8_t*>(std::malloc(len)));
+    if (!owned) Fail("malloc(" + std::to_string(len) + ") failed");
+    region = owned.get();
+    std::memset(region, 0, len);  // touch before registering
+    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(region), len}, hixl::MemType::MEM_HOST,
+                             handle),
+          "target RegisterMem");
+  }
+  std::memset(region, 0xa5, len);  // fault every page in before timing
+  std::printf("READY %s %" PRIuPTR " %zu\n", engine.LocalEngine().c_str(),
+              reinterpret_cast<uintptr_t>(region), len);
+  std::fflush(stdout);
+
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    uint64_t seed = 0, n = 0, off = 0;
+    in >> cmd;
+    if (cmd == "quit") break;
+    if (cmd == "watch" && (in >> n) && n > 0) {
+      std::vector<double> us;
+      const auto deadline = Clock::now() + std::chrono::seconds(120);
+      std::vector<hixl::NotifyDesc> got;
+      while (us.size() < n && Clock::now() < deadline) {
+        got.clear();
+        Check(engine.GetNotifies(got), "target GetNotifies");
+        const int64_t now = NowNs();
+        for (const auto& d : got)
+          us.push_back(static_cast<double>(now - std::stoll(d.notify_msg)) / 1e3);
+      }
+      if (us.size() < n) {
+        std::printf("ERR got %zu of %" PRIu64 " notifications\n", us.size(), n);
+      } else {
+        std::sort(us.begin(), us.end());
+        std::printf("OK %.2f %.2f\n", us[us.size() / 2],
+                    us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+      }
+      std::fflush(stdout);
+      continue;
+    }
+    if ((cmd == "fill" || cmd == "check") && (in >> seed >> n) && n <= len) {
+      if (!(in >> off)) off = 0;  // the offset is optional
+      if (off > len - n) {
+        std::printf("ERR range [%" PRIu64 ", +%" PRIu64 ") outside the region\n", off, n);
+      } else if (cmd == "fill") {
+        FillPattern(region + off, n, seed);
+        std::printf("OK\n");
+      } else {
+        const size_t bad = FindPatternMismatch(region + off, n, seed);
+        if (bad == SIZE_MAX)
+          std::printf("OK\n");
+        else
+          std::printf("BAD %zu\n", bad);
+      }
+    } else {
+      std::printf("ERR bad command '%s'\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (handle != 0) Check(engine.DeregisterMem(handle), "target DeregisterMem");
+  engine.Finalize();  // releases AllocMem memory
+  return 0;
+}
+
+}  // namespace hixl_bench
