@@ -19,9 +19,12 @@ run_ctest() {
 bash scripts/build.sh release
 run_ctest build
 
-echo "=== python: the hixl module (pybind11) and its pytest tests ==="
+echo "=== python: the hixl and llm_datadist modules (pybind11) and their pytest tests ==="
 HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3" bash scripts/build.sh release
 PYTHONPATH=build/python timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+
+echo "=== python: pip install ./python into a fresh venv, then use the installed packages ==="
+timeout 900 bash tests/python_packaging/pip_install_test.sh "$(pwd)" "$(pwd)/build/pip-test"
 
 bash scripts/build.sh asan
 run_ctest build-asan
@@ -36,4 +39,7 @@ cmake --install build --prefix "$prefix" >/dev/null
 cmake -S tests/package_consumer -B build/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/consumer -j "$(nproc)" >/dev/null
 build/consumer/hixl_consumer
+echo "=== package: the Python packages cmake --install put under the prefix ==="
+(cd /tmp && PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 "$OLDPWD/tests/python_packaging/smoke.py")
+
 echo "all test stages passed"
