@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Regenerates every table and picture of docs/PERFORMANCE.md on this machine:
+# the engine's bandwidth sweeps (shm, tcp) beside their same-run baselines,
+# many-to-one, the LLM-DataDist KV benchmark, and the demo's runs and
+# per-layer timeline. Results land in docs/figures/ (JSON lines + PNG).
+#   scripts/performance.sh [--quick]    --quick: fewer sizes and repetitions
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh release
+out=docs/figures
+mkdir -p "$out"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+if [ $quick -eq 1 ]; then
+  sweep=(--blocks 4K,64K,1M,16M --reps 3)
+else
+  sweep=(--reps 5)
+fi
+b=build/tools
+py=/usr/bin/python3
+
+echo "== hixl-bench: shm sweep (memcpy baseline)"
+$b/hixl-bench "${sweep[@]}" --verify --table --mem both > $out/bench_shm.jsonl
+echo "== hixl-bench: tcp sweep (socket pair and staged 'before' baselines)"
+$b/hixl-bench "${sweep[@]}" --transport tcp --verify --table > $out/bench_tcp.jsonl
+if $b/hixl-bench --help 2>&1 | grep -q -- "--many"; then
+  echo "== hixl-bench: many-to-one (4 and 8 initiators)"
+  $b/hixl-bench --many 4,8 --verify --table > $out/bench_many_shm.jsonl
+  $b/hixl-bench --many 4,8 --transport tcp --verify --table > $out/bench_many_tcp.jsonl
+fi
+echo "== hixl-kv-bench: LLM-DataDist block pulls/pushes vs the engine's batched transfer"
+$b/hixl-kv-bench --table --verify > $out/kv_shm.jsonl
+$b/hixl-kv-bench --transport tcp --table --verify --reps 3 > $out/kv_tcp.jsonl
+echo "== hixl-pd-demo: shm and tcp, layer-wise push (and pull)"
+$b/hixl-pd-demo --quiet --json $out/demo_shm_push.jsonl --timeline $out/timeline_shm.json | tee $out/demo_shm_push.txt
+$b/hixl-pd-demo --quiet --link tcp --json $out/demo_tcp_push.jsonl --timeline $out/timeline_tcp.json | tee $out/demo_tcp_push.txt
+$b/hixl-pd-demo --quiet --mode pull --no-before --json $out/demo_shm_pull.jsonl | tee $out/demo_shm_pull.txt
+echo "== pictures"
+$py tools/plots/plot_bench.py $out/bandwidth.png $out/bench_shm.jsonl $out/bench_tcp.jsonl
+$py tools/plots/plot_timeline.py $out/timeline_shm.png $out/timeline_shm.json
+$py tools/plots/plot_timeline.py $out/timeline_tcp.png $out/timeline_tcp.json
+echo "done: $out/"
