@@ -5,9 +5,10 @@ time axis, from `hixl-pd-demo --timeline FILE`.
 
     plot_timeline.py OUT.png TIMELINE.json
 
-Each request is a row pair: the upper bar is compute, layer by layer
-(alternating shades), the lower bar the layer's transfer; a tick marks when
-decode held the whole KV. Uses Debian's python3-matplotlib.
+Each request is a row: the upper bar is prefill compute, layer by layer
+(alternating shades), below it each layer's transfer (posted to landed, with
+a tick at its start), a black tick when the decode process held the whole KV,
+and a green bar while it generated the remaining tokens. Uses Debian's python3-matplotlib.
 """
 import json
 import sys
@@ -43,13 +44,17 @@ def main():
             ax.plot([t0], [y - 0.25], marker="|", markersize=7, color="#C44E00")
             spans.append(t1 - t0)
         ax.plot([r["kv_ready"]], [y], marker="|", markersize=14, color="black")
+        # The decode process: from holding the KV to the last token.
+        ax.broken_barh([(r["kv_ready"], max(r["end"] - r["kv_ready"], 1e-3))], (y - 0.45, 0.15),
+                       facecolors="#55A868")
     ax.set_yticks(range(len(reqs)))
     ax.set_yticklabels([f"req {r['request']} ({r['prompt']} tok)" for r in reversed(reqs)])
     ax.set_xlabel("ms since the first request's prefill began")
     spans.sort()
     median = spans[len(spans) // 2] if spans else 0.0
-    ax.set_title(f"{tl['run']}: prefill compute per layer (blue) and that layer's KV transfer (orange)\n"
-                 f"black | = decode holds the whole KV; median layer transfer {median:.3f} ms", fontsize=10)
+    ax.set_title(f"{tl['run']}: prefill process: compute per layer (blue), that layer's KV transfer (orange);\n"
+                 f"decode process: | holds the whole KV, then generates (green); median layer transfer {median:.3f} ms",
+                 fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
