@@ -283,4 +283,36 @@ uint64_t HashKv(const KvView& kv, const ModelConfig& m, const std::vector<int32_
   return h;
 }
 
+llm_datadist::Status InitWorkerInstance(llm_datadist::LlmDataDist& dd, const DemoOptions& o,
+                                        const std::string& listen_ip) {
+  namespace opt = llm_datadist::options;
+  const std::string link = o.link == "tcp" ? "TCP" : "SHM";
+  return dd.Initialize({{opt::kListenIpInfo, listen_ip + ":0"},
+                        {opt::kGlobalResourceConfig, "{\"LinkType\":\"" + link + "\"}"},
+                        {opt::kSyncKvCacheWaitTime, "30000"}});
+}
+
+std::string LinkLine(llm_datadist::LlmDataDist& dd, uint64_t cluster, const std::string& ip,
+                     const std::string& port) {
+  llm_datadist::ClusterInfo ci;
+  ci.remote_cluster_id = cluster;
+  ci.remote_ip_infos.push_back({ip, static_cast<uint16_t>(std::stoi(port))});
+  std::vector<llm_datadist::Status> rets;
+  llm_datadist::Status s = dd.LinkLlmClusters({ci}, rets, 5000);
+  return s.ok() ? "linked" : "error -1 link: " + s.ToString();
+}
+
+void ServeCommands(const std::function<void(const std::vector<std::string>&)>& handle) {
+  std::string buf, line;
+  while (ReadLine(0, buf, line)) {
+    auto f = Split(line);
+    if (f.empty()) continue;
+    try {
+      handle(f);
+    } catch (const std::exception& e) {
+      WriteLine(1, "error -1 bad command '" + line + "': " + e.what());
+    }
+  }
+}
+
 }  // namespace pd

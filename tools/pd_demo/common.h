@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,6 +113,18 @@ uint64_t HashKv(const KvView& kv, const ModelConfig& m, const std::vector<int32_
 inline std::vector<uint64_t> ToU64(const std::vector<int32_t>& v) {
   return std::vector<uint64_t>(v.begin(), v.end());
 }
+
+// Worker plumbing shared by both workers.
+// Initializes a worker's instance: listening on listen_ip (port chosen by
+// the system), the demo's link type, a generous sync deadline.
+llm_datadist::Status InitWorkerInstance(llm_datadist::LlmDataDist& dd, const DemoOptions& o,
+                                        const std::string& listen_ip);
+// Links dd to `cluster` at ip:port; the worker's answer line.
+std::string LinkLine(llm_datadist::LlmDataDist& dd, uint64_t cluster, const std::string& ip,
+                     const std::string& port);
+// Reads commands from stdin until EOF; a command that throws is answered
+// with an error line.
+void ServeCommands(const std::function<void(const std::vector<std::string>&)>& handle);
 
 // Worker entry points (argv after "--worker NAME").
 int RunPrefillWorker(const DemoOptions& o);

@@ -47,10 +47,7 @@ class DecodeWorker {
       : o_(o), model_(o.model), dd_(2, LlmRole::kDecoder) {}
 
   int Run() {
-    std::string grc = std::string("{\"LinkType\":\"") + (o_.link == "tcp" ? "TCP" : "SHM") + "\"}";
-    Status s = dd_.Initialize({{options::kListenIpInfo, o_.decode_ip + ":0"},
-                               {options::kGlobalResourceConfig, grc},
-                               {options::kSyncKvCacheWaitTime, "30000"}});
+    Status s = InitWorkerInstance(dd_, o_, o_.decode_ip);
     if (!s.ok()) return Fail("Initialize: " + s.ToString());
     store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks());
     if (!store_->status().ok()) return Fail("KV cache: " + store_->status().ToString());
@@ -60,16 +57,7 @@ class DecodeWorker {
                      std::to_string(store_->cache_id()));
     std::thread worker([this] { DecodeLoop(); });
     std::thread receiver([this] { ReceiveLoop(); });
-    std::string buf, line;
-    while (ReadLine(0, buf, line)) {
-      auto f = Split(line);
-      if (f.empty()) continue;
-      try {
-        Handle(f);
-      } catch (const std::exception& e) {
-        WriteLine(1, "error -1 bad command '" + line + "': " + e.what());
-      }
-    }
+    ServeCommands([this](const std::vector<std::string>& f) { Handle(f); });
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -95,12 +83,7 @@ class DecodeWorker {
   void Handle(const std::vector<std::string>& f) {
     const std::string& cmd = f[0];
     if (cmd == "link") {
-      ClusterInfo ci;
-      ci.remote_cluster_id = 1;
-      ci.remote_ip_infos.push_back({f[1], static_cast<uint16_t>(std::stoi(f[2]))});
-      std::vector<Status> rets;
-      Status s = dd_.LinkLlmClusters({ci}, rets, 5000);
-      WriteLine(1, s.ok() ? "linked" : "error -1 link: " + s.ToString());
+      WriteLine(1, LinkLine(dd_, 1, f[1], f[2]));
     } else if (cmd == "alloc") {
       auto b = store_->Alloc(std::stoi(f[2]), 0);
       WriteLine(1, b.empty() ? "full " + f[1] : "blocks " + f[1] + " " + JoinInts(b));

@@ -63,25 +63,13 @@ class PrefillWorker {
       : o_(o), model_(o.model), dd_(1, LlmRole::kPrompt) {}
 
   int Run() {
-    std::string grc = std::string("{\"LinkType\":\"") + (o_.link == "tcp" ? "TCP" : "SHM") + "\"}";
-    Status s = dd_.Initialize({{options::kListenIpInfo, o_.prefill_ip + ":0"},
-                               {options::kGlobalResourceConfig, grc},
-                               {options::kSyncKvCacheWaitTime, "30000"}});
+    Status s = InitWorkerInstance(dd_, o_, o_.prefill_ip);
     if (!s.ok()) return Fail("Initialize: " + s.ToString());
     store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks());
     if (!store_->status().ok()) return Fail("KV cache: " + store_->status().ToString());
     (void)dd_.SetKvTransferCallback([this](const KvTransferEvent& ev) { OnEvent(ev); });
     WriteLine(1, "READY " + dd_.LocalAddress());
-    std::string buf, line;
-    while (ReadLine(0, buf, line)) {
-      auto f = Split(line);
-      if (f.empty()) continue;
-      try {
-        Handle(f);
-      } catch (const std::exception& e) {
-        WriteLine(1, "error -1 bad command '" + line + "': " + e.what());
-      }
-    }
+    ServeCommands([this](const std::vector<std::string>& f) { Handle(f); });
     for (auto& t : reapers_) t.join();
     if (sock_ >= 0) close(sock_);
     (void)dd_.SetKvTransferCallback(nullptr);
@@ -99,13 +87,8 @@ class PrefillWorker {
   void Handle(const std::vector<std::string>& f) {
     const std::string& cmd = f[0];
     if (cmd == "link") {
-      ClusterInfo ci;
-      ci.remote_cluster_id = 2;
-      ci.remote_ip_infos.push_back({f[1], static_cast<uint16_t>(std::stoi(f[2]))});
       dst_cache_ = std::stoll(f[3]);
-      std::vector<Status> rets;
-      Status s = dd_.LinkLlmClusters({ci}, rets, 5000);
-      WriteLine(1, s.ok() ? "linked" : "error -1 link: " + s.ToString());
+      WriteLine(1, LinkLine(dd_, 2, f[1], f[2]));
     } else if (cmd == "push") {
       Push(std::stoi(f[1]), std::stoi(f[2]), ParseInts(f, 3, f.size() - 3));
     } else if (cmd == "prefill") {
