@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "hixl/hixl.h"
+#include "py_memory.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -53,73 +54,12 @@ void CheckC(HixlStatus s) {
   }
 }
 
-// The memory behind a Python object, without copying: an int address, a
-// torch tensor (data_ptr), or any C-contiguous buffer-protocol object. The
-// buffer view (if any) is held until this object dies.
-class Memory {
- public:
-  Memory(py::handle obj, bool writable) {
-    if (py::isinstance<py::int_>(obj)) {
-      addr_ = obj.cast<uintptr_t>();
-      if (addr_ == 0) Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: address 0");
-      return;
-    }
-    if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size")) {  // torch.Tensor
-      std::string dev = py::str(obj.attr("device").attr("type"));
-      if (dev != "cpu")
-        Raise(HIXL_UNSUPPORTED, "UNSUPPORTED: tensor on " + dev + " (host tensors only)");
-      if (!obj.attr("is_contiguous")().cast<bool>()) {
-        Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: tensor is not contiguous");
-      }
-      addr_ = obj.attr("data_ptr")().cast<uintptr_t>();
-      size_ = obj.attr("numel")().cast<size_t>() * obj.attr("element_size")().cast<size_t>();
-      sized_ = true;
-      return;
-    }
-    if (py::hasattr(obj, "_hixl_address")) {  // hixl.Buffer (local)
-      if (obj.attr("_hixl_address").is_none()) {
-        Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: a remote hixl.Buffer is not local memory");
-      }
-      addr_ = obj.attr("_hixl_address").cast<uintptr_t>();
-      size_ = obj.attr("size").cast<size_t>();
-      sized_ = true;
-      return;
-    }
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
-      PyErr_Clear();
-      Raise(HIXL_PARAM_INVALID,
-            std::string("PARAM_INVALID: expected an int address, a tensor or a ") +
-                (writable ? "writable " : "") + "C-contiguous buffer, got " +
-                std::string(py::str(obj.get_type())));
-    }
-    held_ = true;
-    addr_ = reinterpret_cast<uintptr_t>(view_.buf);
-    size_ = static_cast<size_t>(view_.len);
-    sized_ = true;
-  }
-  ~Memory() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  Memory(const Memory&) = delete;
-  Memory& operator=(const Memory&) = delete;
-  // Checks n bytes fit.
-  uintptr_t Addr(size_t n) const {
-    if (sized_ && n > size_) {
-      Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: " + std::to_string(n) +
-                                    " bytes requested but the object has " + std::to_string(size_));
-    }
-    return addr_;
-  }
-  size_t size() const { return size_; }
-  bool sized() const { return sized_; }
+[[noreturn]] void RaiseMemory(const std::string& m) { Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: " + m); }
 
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-  bool sized_ = false;
-  uintptr_t addr_ = 0;
-  size_t size_ = 0;
+// The memory behind a Python object (py_memory.h), failing with HixlError.
+class Memory : public hixl_py::Memory {
+ public:
+  Memory(py::handle obj, bool writable) : hixl_py::Memory(obj, writable, &RaiseMemory) {}
 };
 
 std::vector<hixl::TransferOpDesc> Descs(py::handle seq) {

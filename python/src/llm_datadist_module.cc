@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "llm_datadist/llm_datadist.h"
+#include "py_memory.h"
 
 namespace py = pybind11;
 namespace ldd = llm_datadist;
@@ -95,77 +96,10 @@ py::object Str(const std::string& s) {
 
 // ---------------------------------------------------------------- memory
 
-// The memory behind a Python object, without copying: an int address, a CPU
-// torch tensor (data_ptr), or any C-contiguous buffer-protocol object. The
-// object (and its buffer export) is held until this dies; destroy with the
-// GIL held.
-class Memory {
+// The memory behind a Python object (py_memory.h), failing with LLMException.
+class Memory : public hixl_py::Memory {
  public:
-  Memory(py::handle obj, bool writable) {
-    if (py::isinstance<py::bool_>(obj)) RaiseParam("a bool is not an address");
-    if (py::isinstance<py::int_>(obj)) {
-      addr_ = obj.cast<uintptr_t>();
-      if (addr_ == 0) RaiseParam("address 0");
-      return;
-    }
-    if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size") &&
-        py::hasattr(obj, "is_contiguous")) {  // torch.Tensor
-      std::string dev = py::str(obj.attr("device").attr("type"));
-      if (dev != "cpu") {
-        RaiseParam("a tensor on '" + dev + "': only host (CPU) memory can be registered here");
-      }
-      if (!obj.attr("is_contiguous")().cast<bool>()) {
-        RaiseParam("the tensor is not contiguous (use .contiguous() on a copy you keep)");
-      }
-      ref_ = py::reinterpret_borrow<py::object>(obj);
-      addr_ = obj.attr("data_ptr")().cast<uintptr_t>();
-      size_ = obj.attr("numel")().cast<size_t>() * obj.attr("element_size")().cast<size_t>();
-      sized_ = true;
-      if (addr_ == 0) RaiseParam("the tensor has no storage");
-      return;
-    }
-    if (!PyObject_CheckBuffer(obj.ptr())) {
-      RaiseParam("expected an int address, a CPU tensor or a buffer (numpy array, bytearray, "
-                 "HostMemory, ...), got " + std::string(py::str(obj.get_type())));
-    }
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
-      std::string why = py::error_already_set().what();  // fetches and clears
-      RaiseParam(std::string(py::str(obj.get_type())) + " is not usable as " +
-                 (writable ? "writable " : "") + "C-contiguous memory (" + why + ")");
-    }
-    if (view_.len == 0) {
-      PyBuffer_Release(&view_);
-      RaiseParam("the buffer is empty");
-    }
-    held_ = true;
-    addr_ = reinterpret_cast<uintptr_t>(view_.buf);
-    size_ = static_cast<size_t>(view_.len);
-    sized_ = true;
-  }
-  ~Memory() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  Memory(const Memory&) = delete;
-  Memory& operator=(const Memory&) = delete;
-  // The address, after checking n bytes fit (what: for the message).
-  uintptr_t Addr(size_t n, const std::string& what = "the object") const {
-    if (sized_ && n > size_) {
-      RaiseParam(what + " has " + std::to_string(size_) + " bytes, " + std::to_string(n) +
-                 " needed");
-    }
-    return addr_;
-  }
-  size_t size() const { return size_; }
-  bool sized() const { return sized_; }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-  bool sized_ = false;
-  uintptr_t addr_ = 0;
-  size_t size_ = 0;
-  py::object ref_;
+  Memory(py::handle obj, bool writable) : hixl_py::Memory(obj, writable, &RaiseParam) {}
 };
 
 // A Python callable held by C++ code that may drop it on any thread: it is
