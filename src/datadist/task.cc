@@ -126,7 +126,7 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
           }
           if (st == hixl::TransferStatus::WAITING) {
             std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-            sleep_us = std::min(sleep_us * 2, 100);
+            sleep_us = std::min(sleep_us * 2, 20);
             continue;
           }
           if (st != hixl::TransferStatus::COMPLETED) {
