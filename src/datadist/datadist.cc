@@ -160,6 +160,8 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
   }
   lease_stop_ = false;
   lease_thread_ = std::thread([this] { LeaseThread(); });
+  tell_stop_ = false;
+  tell_thread_ = std::thread([this] { TellThread(); });
   ready_.store(true, std::memory_order_release);
   return Status();
 }
@@ -167,6 +169,12 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
 void LlmDataDist::Impl::Finalize() {
   if (!ready_.exchange(false)) return;
   StopTasks();
+  {  // Events already queued are sent (each bounded by the sync deadline).
+    std::lock_guard<std::mutex> lock(tell_mu_);
+    tell_stop_ = true;
+  }
+  tell_cv_.notify_all();
+  if (tell_thread_.joinable()) tell_thread_.join();
   {
     std::lock_guard<std::mutex> lock(lease_mu_);
     lease_stop_ = true;

@@ -118,9 +118,10 @@ class LlmDataDist::Impl {
                      const internal::EventMsg& event, int32_t timeout_ms);
   // OK when the owner's current table still lists t's cache as t knows it.
   Status StillListed(const Target& t);
-  // Sends event parts [from_part, end) after the data is in place.
-  Status SendEventParts(const Target& t, const std::vector<std::string>& parts, size_t from_part,
-                        int32_t timeout_ms);
+  // Queues an event for the owner of t's cache; call once its data is in
+  // place. The teller thread sends queued events in order (the mover's call
+  // does not wait for the owner's answer); Finalize sends what is queued.
+  void Tell(const Target& t, const internal::EventMsg& event);
   internal::EventMsg MakeEvent(hixl::TransferOp op, const Target& t);
   hixl::Hixl& engine() { return engine_; }
   int32_t sync_wait_ms() const { return sync_wait_ms_; }
@@ -172,6 +173,19 @@ class LlmDataDist::Impl {
   std::vector<std::pair<std::thread, std::shared_ptr<KvTransferTask>>> task_threads_;
   std::atomic<bool> tasks_stop_{false};
   void StopTasks();
+
+  // Events on their way to owners (Tell).
+  struct Telling {
+    std::string engine;
+    uint64_t cluster_id = 0;
+    std::vector<std::string> parts;
+  };
+  std::mutex tell_mu_;
+  std::condition_variable tell_cv_;
+  std::deque<Telling> tell_q_;
+  bool tell_stop_ = false;
+  std::thread tell_thread_;
+  void TellThread();
 
   std::mutex lease_mu_;
   std::condition_variable lease_cv_;

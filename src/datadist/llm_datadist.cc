@@ -110,21 +110,36 @@ internal::EventMsg LlmDataDist::Impl::MakeEvent(hixl::TransferOp op, const Targe
   return e;
 }
 
-Status LlmDataDist::Impl::SendEventParts(const Target& t, const std::vector<std::string>& parts,
-                                         size_t from_part, int32_t timeout_ms) {
-  for (size_t i = from_part; i < parts.size(); ++i) {
-    hixl::Status s =
-        engine_.SendNotify(t.remote->engine, {internal::kEventName, parts[i], ""}, timeout_ms);
-    if (!s.ok()) {
-      // The transfer itself succeeded; the owner may not hear of it (its
-      // lease, if any, is the backstop).
-      std::fprintf(stderr, "llm_datadist: cluster %llu: the data moved, but telling its owner failed: %s\n",
-                   static_cast<unsigned long long>(t.remote->cluster_id), s.ToString().c_str());
-      return FromHixl(s, "the data moved, but telling cluster " +
-                             std::to_string(t.remote->cluster_id) + " failed");
-    }
+void LlmDataDist::Impl::Tell(const Target& t, const internal::EventMsg& event) {
+  Telling item{t.remote->engine, t.remote->cluster_id, internal::EncodeEvent(event)};
+  {
+    std::lock_guard<std::mutex> lock(tell_mu_);
+    tell_q_.push_back(std::move(item));
   }
-  return Status();
+  tell_cv_.notify_one();
+}
+
+void LlmDataDist::Impl::TellThread() {
+  std::unique_lock<std::mutex> lock(tell_mu_);
+  for (;;) {
+    tell_cv_.wait(lock, [this] { return tell_stop_ || !tell_q_.empty(); });
+    if (tell_q_.empty()) return;  // stopping, all sent
+    Telling item = std::move(tell_q_.front());
+    tell_q_.pop_front();
+    lock.unlock();
+    for (const auto& part : item.parts) {
+      hixl::Status s = engine_.SendNotify(item.engine, {internal::kEventName, part, ""}, sync_wait_ms_);
+      if (!s.ok()) {
+        // The transfer itself succeeded; the owner may not hear of it (its
+        // lease, if any, is the backstop).
+        std::fprintf(stderr,
+                     "llm_datadist: cluster %llu: the data moved, but telling its owner failed: %s\n",
+                     static_cast<unsigned long long>(item.cluster_id), s.ToString().c_str());
+        break;
+      }
+    }
+    lock.lock();
+  }
 }
 
 Status LlmDataDist::Impl::StillListed(const Target& t) {
@@ -147,7 +162,6 @@ Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
   // attached to the transfer: a notification whose answer timed out may
   // still arrive, and the owner must never hear of a transfer its mover
   // was told had failed.)
-  std::vector<std::string> parts = internal::EncodeEvent(event);
   hixl::TransferArgs args;
   args.remote_generation = t.remote->generation;
   const char* verb = op == hixl::TransferOp::READ ? "pull from" : "push to";
@@ -169,7 +183,7 @@ Status LlmDataDist::Impl::MoveAndTell(const Target& t, hixl::TransferOp op,
     if (Clock::now() - start >= std::chrono::milliseconds(timeout_ms)) return FromHixl(s, what);
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(50 << std::min(attempt, 10), 5000)));
   }
-  (void)SendEventParts(t, parts, 0, timeout_ms);
+  Tell(t, event);
   return Status();
 }
 

@@ -217,7 +217,7 @@ void LayerTask::Run(LlmDataDist::Impl* impl) {
   for (const auto& e : posted) times.push_back(e.time);
   for (auto& p : plans) {
     if (p.status.ok()) {  // the data is in place; telling the owner is best effort
-      (void)impl->SendEventParts(p.target, internal::EncodeEvent(p.event), 0, timeout);
+      impl->Tell(p.target, p.event);
     }
     results.push_back(p.status);
   }
