@@ -10,9 +10,9 @@
 // table's header with a good checksum holds a consistent table; a torn root
 // or a withdrawn table fails a check and the reader tries again.
 //
-// Transfer events: after a pull or push, the initiator tells the cache's
-// owner what moved in notifications named kEventName (binary, little
-// endian, split into parts when long; part 0 travels with the transfer).
+// Transfer events: after a pull or push succeeded, the initiator tells the
+// cache's owner what moved in notifications named kEventName (binary,
+// little endian, split into parts when long, sent in order).
 //
 // Every decoder treats its bytes as hostile: lengths, counts, ranges and
 // checksums are checked before use. Thread safety: stateless functions.
