@@ -184,6 +184,7 @@ void LlmDataDist::Impl::Finalize() {
   (void)engine_.SetNotifyCallback(nullptr);
   engine_.Finalize();  // links, registrations and AllocMem memory go with it
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, c] : caches_) std::free(c->fence);
   caches_.clear();
   regs_.clear();
   allocs_.clear();
@@ -519,6 +520,20 @@ Status LlmDataDist::Impl::Register(const CacheDesc& desc, const std::vector<uint
     ++it->second.second;
     taken.push_back(key);
   }
+  c->fence = PageAlloc(internal::kFenceBytes);
+  if (c->fence == nullptr) {
+    undo();
+    return Status(LLM_OUT_OF_MEMORY, "RegisterKvCache: no memory");
+  }
+  if (hixl::Status s = engine_.RegisterMem({reinterpret_cast<uintptr_t>(c->fence), internal::kFenceBytes},
+                                           hixl::MemType::MEM_HOST, c->fence_handle,
+                                           hixl::MEM_PERM_READ_WRITE);
+      !s.ok()) {
+    std::free(c->fence);
+    undo();
+    return FromHixl(s, "RegisterKvCache: fence");
+  }
+  c->entry.fence = reinterpret_cast<uint64_t>(c->fence);
   c->entry.id = next_cache_id_;
   c->entry.placement = static_cast<int32_t>(desc.placement);
   c->entry.num_tensors = desc.num_tensors;
@@ -541,6 +556,8 @@ Status LlmDataDist::Impl::Register(const CacheDesc& desc, const std::vector<uint
   caches_[c->entry.id] = c;
   if (Status s = PublishLocked(); !s.ok()) {
     caches_.erase(c->entry.id);
+    (void)engine_.DeregisterMem(c->fence_handle);
+    std::free(c->fence);
     undo();
     return s;
   }
@@ -562,9 +579,12 @@ Status LlmDataDist::Impl::Unregister(int64_t cache_id) {
   }
   auto c = it->second;
   caches_.erase(it);
-  // First withdraw it from the table, then its memory: returns once no
-  // peer's transfer touches it.
+  // First withdraw it from the table, then its fence (returns once no
+  // peer's transfer of it runs: every one also moves fence bytes), then its
+  // memory.
   Status pub = PublishLocked();
+  (void)engine_.DeregisterMem(c->fence_handle);
+  std::free(c->fence);
   for (size_t i = 0; i < c->entry.addrs.size(); ++i) {
     auto r = regs_.find({c->entry.addrs[i], c->layout.tensor_bytes});
     if (r == regs_.end()) continue;

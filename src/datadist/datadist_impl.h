@@ -97,6 +97,8 @@ class LlmDataDist::Impl {
     internal::CacheEntry entry;
     internal::Layout layout;
     std::vector<hixl::MemHandle> handles;  // registrations this cache holds
+    void* fence = nullptr;                 // entry.fence's memory
+    hixl::MemHandle fence_handle = 0;
     std::optional<Clock::time_point> lease_until;
     int64_t lease_ms = 0;
     std::vector<bool> key_pulled;  // per entry.keys
@@ -118,6 +120,12 @@ class LlmDataDist::Impl {
                      const internal::EventMsg& event, int32_t timeout_ms);
   // OK when the owner's current table still lists t's cache as t knows it.
   Status StillListed(const Target& t);
+  // Appends the descriptor that moves kFenceBytes of t's fence (scratch: a
+  // buffer of at least kFenceBytes the caller keeps until the transfer ends).
+  static void AddFence(const Target& t, uint8_t* scratch, std::vector<hixl::TransferOpDesc>& d) {
+    d.push_back({reinterpret_cast<uintptr_t>(scratch), static_cast<uintptr_t>(t.cache.fence),
+                 internal::kFenceBytes});
+  }
   // Queues an event for the owner of t's cache; call once its data is in
   // place. The teller thread sends queued events in order (the mover's call
   // does not wait for the owner's answer); Finalize sends what is queued.

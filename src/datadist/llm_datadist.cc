@@ -234,6 +234,8 @@ Status LlmDataDist::Impl::Transfer(const Request& r) {
     }
     ev.batch_index = t.batch_index;
   }
+  uint8_t fence_scratch[internal::kFenceBytes] = {};
+  AddFence(t, fence_scratch, descs);
   return MoveAndTell(t, r.op, descs, ev, sync_wait_ms_);
 }
 

@@ -149,7 +149,8 @@ std::vector<uint8_t> EncodeTable(const Table& t) {
       keys.push_back(std::move(k));
     }
     caches.push_back(Json::array({c.id, c.placement, c.num_tensors, c.data_type, c.shape, c.addrs,
-                                  keys, c.blocks_model_id ? Json(*c.blocks_model_id) : Json()}));
+                                  keys, c.blocks_model_id ? Json(*c.blocks_model_id) : Json(),
+                                  c.fence}));
   }
   Json rel = Json::array();
   for (const auto& r : t.released) {
@@ -187,7 +188,7 @@ Status DecodeTable(const uint8_t* data, size_t len, Table& out) {
     return bad("caches");
   }
   for (const auto& cj : j["caches"]) {
-    if (!cj.is_array() || cj.size() < 8) return bad("cache entry");
+    if (!cj.is_array() || cj.size() < 9) return bad("cache entry");
     CacheEntry c;
     uint64_t n = 0;
     if (!I64(cj[0], c.id) || c.id <= 0 || !I32(cj[1], c.placement) || !U64(cj[2], n) ||
@@ -223,6 +224,9 @@ Status DecodeTable(const uint8_t* data, size_t len, Table& out) {
       uint64_t m;
       if (!U64(cj[7], m)) return bad("blocks model id");
       c.blocks_model_id = m;
+    }
+    if (!U64(cj[8], c.fence) || c.fence == 0 || c.fence > UINT64_MAX - kFenceBytes) {
+      return bad("cache fence");
     }
     t.caches.push_back(std::move(c));
   }

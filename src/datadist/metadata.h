@@ -56,7 +56,14 @@ struct CacheEntry {
   std::vector<CacheKey> keys;          // request keys, each naming one batch entry:
   std::vector<uint32_t> key_batches;   // keys[i] -> batch entry key_batches[i]
   std::optional<uint64_t> blocks_model_id;
+  // A small region of the owner's registered only for this cache: every
+  // transfer of the cache also moves kFenceBytes of it, so the engine pins
+  // it for the transfer's life and the owner's DeregisterMem of it (in
+  // UnregisterKvCache) returns only once no transfer of the cache runs —
+  // even when the tensors live in memory registered once for many caches.
+  uint64_t fence = 0;
 };
+inline constexpr size_t kFenceBytes = 8;
 struct ReleasedKey {
   CacheKey key;
   std::string why;

@@ -25,6 +25,7 @@ struct ConfigPlan {
   std::vector<std::vector<hixl::TransferOpDesc>> layer_descs;  // by src layer - src first layer
   internal::EventMsg event;
   Status status;
+  uint8_t fence_scratch[internal::kFenceBytes] = {};  // source of each layer's fence bytes
 };
 
 class LayerTask final : public KvTransferTask {
@@ -337,6 +338,11 @@ Status LlmDataDist::Impl::TransferCacheAsync(const Cache& src, LayerGate gate,
     t->first_layer = std::min(t->first_layer, p.src_span.first_layer);
     t->last_layer = std::max(t->last_layer, p.src_span.last_layer);
     t->plans.push_back(std::move(p));
+  }
+  // Every layer's transfer also moves fence bytes of its cache (see
+  // CacheEntry::fence); the plans stay where they are from here on.
+  for (auto& p : t->plans) {
+    for (auto& d : p.layer_descs) AddFence(p.target, p.fence_scratch, d);
   }
   std::lock_guard<std::mutex> lock(tasks_mu_);
   // Join the threads of tasks that ended.

@@ -223,9 +223,13 @@ Status Hixl::Impl::DeregisterMem(MemHandle handle) {
       }
     }
   }
-  auto r = regions_.Remove(handle);
-  if (!r) return Status::Ok();  // unknown or already removed: no-op
+  // Peers may have checked transfers against the region before they hear
+  // of its removal: it keeps serving them until every peer confirmed (or
+  // lost its link), then goes.
+  auto r = regions_.Retire(handle);
+  if (!r) return Status::Ok();  // unknown, already removed or being removed: no-op
   Status s = RevokeFromPeers(handle);
+  regions_.Remove(handle);
   for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
   return s;
 }
@@ -284,8 +288,9 @@ Status Hixl::Impl::FreeMem(void* ptr) {
     allocs_.erase(it);
   }
   Status s;
-  if (auto r = regions_.Remove(a.handle)) {
+  if (auto r = regions_.Retire(a.handle)) {  // as in DeregisterMem
     s = RevokeFromPeers(a.handle);
+    regions_.Remove(a.handle);
     for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
   }
   // Peers that mapped the memfd keep their own mapping of these pages until

@@ -13,6 +13,11 @@ Status LocalRegions::Add(const LocalRegion& r, uint64_t& id, bool& added) {
   // The region starting at or before addr, and the one after it.
   if (it != by_addr_.begin()) {
     const LocalRegion& prev = std::prev(it)->second;
+    if (prev.retiring && prev.addr + prev.len > r.addr) {
+      return Status::ParamInvalid("region overlaps region " + std::to_string(prev.id) +
+                                  ", which is being deregistered; register it again after "
+                                  "DeregisterMem returned");
+    }
     if (prev.addr == r.addr && prev.len == r.len) {
       id = prev.id;
       added = false;
@@ -35,6 +40,16 @@ Status LocalRegions::Add(const LocalRegion& r, uint64_t& id, bool& added) {
   id = copy.id;
   added = true;
   return Status::Ok();
+}
+
+std::optional<LocalRegion> LocalRegions::Retire(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return std::nullopt;
+  LocalRegion& r = by_addr_.at(it->second);
+  if (r.retiring) return std::nullopt;
+  r.retiring = true;
+  return r;
 }
 
 std::optional<LocalRegion> LocalRegions::Remove(uint64_t id) {
@@ -73,7 +88,9 @@ std::vector<LocalRegion> LocalRegions::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<LocalRegion> out;
   out.reserve(by_addr_.size());
-  for (const auto& [addr, r] : by_addr_) out.push_back(r);
+  for (const auto& [addr, r] : by_addr_) {
+    if (!r.retiring) out.push_back(r);
+  }
   return out;
 }
 

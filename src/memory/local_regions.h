@@ -25,6 +25,7 @@ struct LocalRegion {
   MemType type = MemType::MEM_HOST;
   int memfd = -1;            // >= 0: engine-allocated, shareable by mapping
   size_t mapped_len = 0;     // for engine-allocated: the mmap length
+  bool retiring = false;     // being deregistered: see LocalRegions::Retire
 };
 
 class LocalRegions {
@@ -32,6 +33,13 @@ class LocalRegions {
   // Adds a region. Same addr and len as an existing region: returns that
   // region's id with added=false. Partial overlap: PARAM_INVALID.
   Status Add(const LocalRegion& r, uint64_t& id, bool& added);
+  // Marks a region as being deregistered and returns it (nullopt if unknown
+  // or already retiring). A retiring region still serves FindContaining —
+  // requests that peers checked against it before they heard of its removal
+  // are answered, not treated as hostile — but is left out of Snapshot (new
+  // peers never learn of it), and Add of the same range is refused. Remove
+  // it once every peer confirmed.
+  std::optional<LocalRegion> Retire(uint64_t id);
   // Removes and returns the region; nullopt if unknown.
   std::optional<LocalRegion> Remove(uint64_t id);
   std::optional<LocalRegion> Find(uint64_t id) const;

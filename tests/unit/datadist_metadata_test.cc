@@ -24,6 +24,7 @@ Table Sample() {
   c.keys = {{42, 100, 0}, {42, 101, 0}};
   c.key_batches = {0, 5};
   c.blocks_model_id = 9;
+  c.fence = 0x7000;
   t.caches.push_back(c);
   t.released.push_back({{42, 99, 0}, "released: its lease of 10 ms expired"});
   return t;
@@ -80,6 +81,9 @@ TEST(DatadistMetadata, WellFormedButWrongFieldsAreRefused) {
   EXPECT_TRUE(refused(t));
   t = Sample();
   t.caches[0].id = 0;
+  EXPECT_TRUE(refused(t));
+  t = Sample();
+  t.caches[0].fence = 0;
   EXPECT_TRUE(refused(t));
 }
 

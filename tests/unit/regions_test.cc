@@ -16,6 +16,31 @@ memory::LocalRegion Region(uintptr_t addr, size_t len) {
   return r;
 }
 
+// A region being deregistered keeps answering lookups (in-flight requests
+// peers checked before they heard of the removal), is hidden from new peers,
+// and cannot be registered again until it is gone.
+TEST(LocalRegions, RetiringRegionServesLookupsButNotNewPeers) {
+  memory::LocalRegions t;
+  memory::LocalRegion r;
+  r.addr = 0x100000;
+  r.len = 0x1000;
+  r.perms = MEM_PERM_READ_WRITE;
+  uint64_t id = 0;
+  bool added = false;
+  ASSERT_TRUE(t.Add(r, id, added).ok());
+  ASSERT_TRUE(t.Retire(id).has_value());
+  EXPECT_FALSE(t.Retire(id).has_value()) << "retiring twice";
+  EXPECT_TRUE(t.FindContaining(0x100010, 16).has_value());
+  EXPECT_TRUE(t.Snapshot().empty());
+  uint64_t again = 0;
+  EXPECT_EQ(t.Add(r, again, added).code(), StatusCode::kParamInvalid);
+  ASSERT_TRUE(t.Remove(id).has_value());
+  EXPECT_FALSE(t.FindContaining(0x100010, 16).has_value());
+  ASSERT_TRUE(t.Add(r, again, added).ok());
+  EXPECT_TRUE(added);
+  EXPECT_NE(again, id);
+}
+
 TEST(LocalRegions, OverlapRules) {
   memory::LocalRegions t;
   uint64_t a = 0, b = 0, c = 0;
