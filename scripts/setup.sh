@@ -10,6 +10,11 @@ PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytes
 # The performance pictures (tools/plots/*.py) and their test.
 PACKAGES+=(python3-matplotlib)
 
+# scripts/setup.sh --fuzz: also clang and libFuzzer's runtime (the fuzz stage of scripts/test.sh).
+if [ "${1:-}" = "--fuzz" ]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
