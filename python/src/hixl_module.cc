@@ -632,23 +632,7 @@ PYBIND11_MODULE(_hixl, m) {
                       size_t n) { e.Transfer(false, dst, id, off, n); })
       .def("close", &Endpoint::Close);
 
-  m.def(
-      "address_of",
-      [](py::handle obj, bool writable) {
-        Memory mem(obj, writable);
-        return py::make_tuple(mem.Addr(0), mem.sized() ? py::cast(mem.size()) : py::none());
-      },
-      "obj"_a, "writable"_a = false,
-      "(address, size or None) of an int, tensor or buffer-protocol object (no copy).");
-  m.def(
-      "memmove",
-      [](py::handle dst, py::handle src, size_t n) {
-        Memory d(dst, true), s(src, false);
-        uintptr_t da = d.Addr(n), sa = s.Addr(n);
-        py::gil_scoped_release nogil;
-        std::memmove(reinterpret_cast<void*>(da), reinterpret_cast<const void*>(sa), n);
-      },
-      "dst"_a, "src"_a, "n"_a);
+  hixl_py::DefMemoryFunctions<Memory>(m);
   // Engines alive at exit are finalized while Python threads still run (an
   // engine thread may be waiting for the GIL to call a notify callback).
   py::module_::import("atexit").attr("register")(py::cpp_function(&FinalizeAll));

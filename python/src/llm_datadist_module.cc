@@ -578,23 +578,7 @@ PYBIND11_MODULE(_llm_datadist, m) {
       },
       "address"_a, "size"_a, "owner"_a = py::none(), "readonly"_a = false,
       "A HostMemory over [address, address + size) that keeps owner alive.");
-  m.def(
-      "address_of",
-      [](py::handle obj, bool writable) {
-        Memory mem(obj, writable);
-        return py::make_tuple(mem.Addr(0), mem.sized() ? py::cast(mem.size()) : py::none());
-      },
-      "obj"_a, "writable"_a = false,
-      "(address, size or None) of an int, CPU tensor or buffer-protocol object (no copy).");
-  m.def(
-      "memmove",
-      [](py::handle dst, py::handle src, size_t n) {
-        Memory d(dst, true), s(src, false);
-        uintptr_t da = d.Addr(n, "dst"), sa = s.Addr(n, "src");
-        py::gil_scoped_release nogil;
-        std::memmove(reinterpret_cast<void*>(da), reinterpret_cast<const void*>(sa), n);
-      },
-      "dst"_a, "src"_a, "n"_a, "Copies n bytes between two memory objects (GIL released).");
+  hixl_py::DefMemoryFunctions<Memory>(m);
   m.def("allocate_host_memory", &ModuleAlloc, "size"_a,
         "size bytes of page-aligned host memory from the module's own LlmDataDist instance "
         "(AllocHostMemory): a HostMemory, freed when the last reference to it goes.");

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -101,6 +102,31 @@ class __attribute__((visibility("hidden"))) Memory {
   size_t size_ = 0;
   py::object ref_;
 };
+
+// Defines address_of(obj, writable=False) -> (address, size or None) and
+// memmove(dst, src, n) on module m, for any of the objects above; M is the
+// module's Memory (raising its own exception).
+template <typename M>
+void DefMemoryFunctions(py::module_& m) {
+  m.def(
+      "address_of",
+      [](py::handle obj, bool writable) {
+        M mem(obj, writable);
+        return py::make_tuple(mem.Addr(0), mem.sized() ? py::cast(mem.size()) : py::none());
+      },
+      py::arg("obj"), py::arg("writable") = false,
+      "(address, size or None) of an int, CPU tensor or buffer-protocol object (no copy).");
+  m.def(
+      "memmove",
+      [](py::handle dst, py::handle src, size_t n) {
+        M d(dst, true), s(src, false);
+        uintptr_t da = d.Addr(n, "dst"), sa = s.Addr(n, "src");
+        py::gil_scoped_release nogil;
+        std::memmove(reinterpret_cast<void*>(da), reinterpret_cast<const void*>(sa), n);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("n"),
+      "Copies n bytes between two memory objects (GIL released).");
+}
 
 }  // namespace hixl_py
 
