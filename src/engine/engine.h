@@ -1,5 +1,6 @@
 // Hixl::Impl — the engine: local regions, peers, requests, the control plane
-// (listener, handshake, region updates) and the transports.
+// (listener, handshake, region updates) and the transports. Implemented in
+// engine.cc and control_plane.cc (the loop thread's part).
 //
 // Threads: the caller's threads run transfers (small ones inline); the copy
 // pool runs parts of large and async transfers; one event-loop thread owns
@@ -34,6 +35,15 @@
 #include "transport/transport.h"
 
 namespace hixl {
+
+// Shared by engine.cc and control_plane.cc.
+namespace engine_detail {
+inline control::RegionDesc ToDesc(const memory::LocalRegion& r) {
+  return control::RegionDesc{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
+}
+inline constexpr int kIdleTickMs = 50;  // control-loop tick with nothing pending
+inline constexpr int kBusyTickMs = 1;   // while region revokes wait for acknowledgements
+}  // namespace engine_detail
 
 class Hixl::Impl {
  public:
