@@ -4,6 +4,10 @@
 set -euo pipefail
 
 PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
+# Authentication of peers (HMAC-SHA256): OpenSSL's libcrypto.
+PACKAGES+=(libssl-dev)
+# Injected network faults between namespaces (tests/fault): nftables rules.
+PACKAGES+=(nftables)
 # The Python modules hixl and llm_datadist: pybind11, numpy, pytest and torch
 # (CPU tensors as cache memory) from Debian, used with /usr/bin/python3.
 PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest python3-torch)

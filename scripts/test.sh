@@ -35,8 +35,9 @@ run_ctest build-tsan
 echo "=== fuzz: every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${HIXL_FUZZ_SECONDS:-45} s each ==="
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target hixl_fuzz_control hixl_fuzz_datadist hixl_fuzz_handle
-for t in control datadist handle; do
+cmake --build build-fuzz -j "$(nproc)" --target hixl_fuzz_control hixl_fuzz_datadist hixl_fuzz_handle \
+  hixl_fuzz_lane
+for t in control datadist handle lane; do
   work="build-fuzz/run-$t"
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work/"
   # A crash, leak or sanitizer report ends the run non-zero (and set -e stops here).

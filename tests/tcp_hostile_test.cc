@@ -34,6 +34,7 @@
 
 #include "hixl/hixl.h"
 #include "peer_process.h"
+#include "raw_client.h"
 
 namespace {
 
@@ -43,387 +44,8 @@ using hixl::Status;
 using hixl::TransferOp;
 using hixl_test::Buffer;
 using hixl_test::PeerProcess;
-using Clock = std::chrono::steady_clock;
-using Bytes = std::vector<uint8_t>;
 
-constexpr size_t kMiB = 1024 * 1024;
-
-// Wire constants (little endian), as documented in tcp_transport.h/.cc and
-// common/wire.h.
-constexpr uint32_t kFrameMagic = 0x314C5848;  // "HXL1" control frame
-constexpr uint32_t kLaneMagic = 0x324C5848;   // "HXL2" lane hello / reply
-constexpr uint32_t kReqMagic = 0x514C5848;    // "HXLQ" request
-constexpr uint32_t kRespMagic = 0x524C5848;   // "HXLR" response
-constexpr uint32_t kLaneVersion = 1;
-constexpr uint8_t kOpRead = 0, kOpWrite = 1;
-constexpr size_t kLaneHelloSize = 24, kLaneReplySize = 8, kReqSize = 32, kRespSize = 24;
-constexpr uint64_t kMaxSlice = 64 * kMiB;
-
-long ElapsedMs(Clock::time_point since) {
-  return static_cast<long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since).count());
-}
-
-void PutU8(Bytes& b, uint8_t v) { b.push_back(v); }
-void PutU32(Bytes& b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void PutU64(Bytes& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-Bytes LaneHello(uint64_t token, uint64_t generation, uint32_t magic = kLaneMagic,
-                uint32_t version = kLaneVersion) {
-  Bytes b;
-  PutU32(b, magic);
-  PutU32(b, version);
-  PutU64(b, token);
-  PutU64(b, generation);
-  return b;
-}
-
-Bytes Request(uint8_t op, uint64_t seq, uint64_t addr, uint64_t len, uint32_t magic = kReqMagic) {
-  Bytes b;
-  PutU32(b, magic);
-  PutU8(b, op);
-  PutU8(b, 0);
-  PutU8(b, 0);
-  PutU8(b, 0);
-  PutU64(b, seq);
-  PutU64(b, addr);
-  PutU64(b, len);
-  return b;
-}
-
-Bytes Pattern(size_t len, uint64_t seed) {
-  Bytes b(len);
-  hixl_test::FillPattern(b.data(), len, seed);
-  return b;
-}
-
-void Append(Bytes& to, const Bytes& from) { to.insert(to.end(), from.begin(), from.end()); }
-
-// ---------------------------------------------------------------------------
-// Socket helpers, all bounded.
-
-int ConnectTcp(const std::string& ip, int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1 ||
-      connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-}
-
-// Sends everything or gives up at the deadline (false). A peer that closed
-// the connection also ends it (false, errno EPIPE/ECONNRESET).
-bool SendAll(int fd, const void* data, size_t len, int timeout_ms = 3000) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  const auto* p = static_cast<const uint8_t*>(data);
-  size_t off = 0;
-  while (off < len) {
-    ssize_t n = send(fd, p + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    long left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd pfd{fd, POLLOUT, 0};
-    poll(&pfd, 1, static_cast<int>(std::min<long>(left, 50)));
-  }
-  return true;
-}
-bool SendAll(int fd, const Bytes& b, int timeout_ms = 3000) {
-  return SendAll(fd, b.data(), b.size(), timeout_ms);
-}
-
-// Reads exactly len bytes; false on EOF, error or deadline.
-bool RecvExact(int fd, void* data, size_t len, int timeout_ms = 3000) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto* p = static_cast<uint8_t*>(data);
-  size_t off = 0;
-  while (off < len) {
-    long left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    int r = poll(&pfd, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    ssize_t n = recv(fd, p + off, len - off, MSG_DONTWAIT);
-    if (n == 0) return false;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return false;
-    }
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Reads until the other side closes (recv 0 or an error such as ECONNRESET),
-// keeping at most max_keep bytes. Returns false when the connection is still
-// open at the deadline.
-bool DrainUntilClosed(int fd, int timeout_ms, Bytes* got = nullptr, size_t max_keep = 512 * kMiB) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::vector<uint8_t> buf(256 * 1024);
-  for (;;) {
-    long left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    int r = poll(&pfd, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return false;
-    if (r < 0) return true;
-    ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-    if (n == 0) return true;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return true;  // ECONNRESET and the like: closed
-    }
-    if (got != nullptr && got->size() < max_keep)
-      got->insert(got->end(), buf.data(), buf.data() + n);
-  }
-}
-
-struct Resp {
-  uint32_t magic = 0;
-  uint8_t op = 0;
-  uint8_t status = 0;
-  uint64_t seq = 0;
-  uint64_t len = 0;
-  size_t payload_off = 0;  // into the stream
-};
-
-// Splits a lane's response stream into responses. A READ response with status
-// 0 carries len payload bytes. Returns false (and says why) when the stream is
-// not a sequence of well-formed responses; a truncated tail is reported as
-// *truncated.
-bool ParseResponses(const Bytes& s, std::vector<Resp>& out, std::string& why, bool* truncated) {
-  size_t off = 0;
-  *truncated = false;
-  while (off < s.size()) {
-    if (s.size() - off < kRespSize) {
-      *truncated = true;
-      return true;
-    }
-    Resp r;
-    r.magic = GetU32(&s[off]);
-    r.op = s[off + 4];
-    r.status = s[off + 5];
-    r.seq = GetU64(&s[off + 8]);
-    r.len = GetU64(&s[off + 16]);
-    off += kRespSize;
-    if (r.magic != kRespMagic) {
-      why = "response magic " + std::to_string(r.magic);
-      return false;
-    }
-    r.payload_off = off;
-    if (r.op == kOpRead && r.status == 0) {
-      if (s.size() - off < r.len) {
-        *truncated = true;
-        out.push_back(r);
-        return true;
-      }
-      off += r.len;
-    }
-    out.push_back(r);
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------------------
-// A control link opened by hand. While open, the target keeps our tcp token
-// valid. A background thread reads what the target sends; when ack_rdel is
-// set it answers every region removal ("rdel") at once with "rdel_ack", as
-// an initiator that claims to have no transfer in flight would.
-
-class RawControl {
- public:
-  ~RawControl() { Close(); }
-
-  // hello -> welcome. On failure returns false with *err set.
-  bool Open(const std::string& engine, bool ack_rdel, std::string* err) {
-    ack_rdel_ = ack_rdel;
-    const size_t colon = engine.rfind(':');
-    ip_ = engine.substr(0, colon);
-    fd_ = ConnectTcp(ip_, hixl_test::PortOf(engine));
-    if (fd_ < 0) {
-      *err = std::string("connect: ") + strerror(errno);
-      return false;
-    }
-    nlohmann::json hello = {{"t", "hello"},
-                            {"v", 1u},
-                            {"engine", "127.0.0.1"},
-                            {"gen", static_cast<uint64_t>(0x5EED0000ull + getpid())},
-                            {"host", "hixl-tcp-hostile-test"},
-                            {"pid", static_cast<int64_t>(getpid())},
-                            // This raw client sends no heartbeats: it asks for
-                            // the longest interval (the peer is started with it
-                            // too) so the peer never gives it up mid-test.
-                            {"hb", 600000u}};
-    if (!SendFrame(hello)) {
-      *err = "sending hello failed";
-      return false;
-    }
-    nlohmann::json w;
-    if (!ReadFrame(w, 5000)) {
-      *err = "no welcome frame";
-      return false;
-    }
-    if (!w.is_object() || w.value("t", "") != "welcome") {
-      *err = "expected welcome, got " + w.dump();
-      return false;
-    }
-    auto tp = w.find("tp");
-    if (tp == w.end() || !tp->is_object() || !tp->contains("tcp")) {
-      *err = "welcome offers no tcp transport: " + w.dump();
-      return false;
-    }
-    const auto& tcp = (*tp)["tcp"];
-    if (!tcp.is_object() || !tcp.contains("port") || !tcp.contains("token") ||
-        !tcp["port"].is_number_unsigned() || !tcp["token"].is_number_unsigned() ||
-        !w.contains("gen") || !w["gen"].is_number_unsigned()) {
-      *err = "malformed tcp section: " + w.dump();
-      return false;
-    }
-    data_port = static_cast<int>(tcp["port"].get<uint64_t>());
-    token = tcp["token"].get<uint64_t>();
-    generation = w["gen"].get<uint64_t>();
-    reader_ = std::thread([this] { ReadLoop(); });
-    return true;
-  }
-
-  void Close() {
-    stop_.store(true);
-    if (reader_.joinable()) reader_.join();
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
-  int rdel_seen() const { return rdel_seen_.load(); }
-  // Sends any control message (as an initiator would, or would not).
-  bool Send(const nlohmann::json& m) { return SendFrame(m); }
-  // The code of the target's "nack" for seq, waiting up to timeout_ms; -1: none.
-  int64_t WaitNack(uint64_t seq, int timeout_ms) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < end) {
-      {
-        std::lock_guard<std::mutex> lock(nack_mu_);
-        if (auto it = nacks_.find(seq); it != nacks_.end()) return it->second;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return -1;
-  }
-  // True once the target closed the link, waiting up to timeout_ms.
-  bool WaitClosed(int timeout_ms) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!closed_.load() && std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return closed_.load();
-  }
-  const std::string& ip() const { return ip_; }
-
-  int data_port = 0;
-  uint64_t token = 0;
-  uint64_t generation = 0;
-
- private:
-  bool SendFrame(const nlohmann::json& m) {
-    Bytes body = nlohmann::json::to_msgpack(m);
-    Bytes f;
-    PutU32(f, kFrameMagic);
-    PutU32(f, static_cast<uint32_t>(body.size()));
-    Append(f, body);
-    std::lock_guard<std::mutex> lock(send_mu_);
-    return SendAll(fd_, f);
-  }
-  bool ReadFrame(nlohmann::json& out, int timeout_ms) {
-    uint8_t hdr[8];
-    if (!RecvExact(fd_, hdr, sizeof(hdr), timeout_ms)) return false;
-    if (GetU32(hdr) != kFrameMagic) return false;
-    const uint32_t len = GetU32(hdr + 4);
-    if (len > (64u << 20)) return false;
-    Bytes body(len);
-    if (!RecvExact(fd_, body.data(), len, timeout_ms)) return false;
-    out = nlohmann::json::from_msgpack(body, true, false);
-    return !out.is_discarded();
-  }
-  void ReadLoop() {
-    while (!stop_.load()) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 20) <= 0) continue;
-      nlohmann::json m;
-      if (!ReadFrame(m, 2000)) {  // closed by the target (or garbage): stop reading
-        closed_.store(true);
-        return;
-      }
-      if (m.is_object() && m.value("t", "") == "nack" && m.contains("seq") &&
-          m["seq"].is_number_unsigned() && m.contains("code") && m["code"].is_number_unsigned()) {
-        std::lock_guard<std::mutex> lock(nack_mu_);
-        nacks_[m["seq"].get<uint64_t>()] = static_cast<int64_t>(m["code"].get<uint64_t>());
-      }
-      if (m.is_object() && m.value("t", "") == "rdel") {
-        rdel_seen_.fetch_add(1);
-        if (ack_rdel_ && m.contains("seq") && m["seq"].is_number_unsigned()) {
-          SendFrame({{"t", "rdel_ack"}, {"seq", m["seq"].get<uint64_t>()}});
-        }
-      }
-    }
-  }
-
-  int fd_ = -1;
-  std::string ip_;
-  bool ack_rdel_ = false;
-  std::mutex send_mu_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> rdel_seen_{0};
-  std::atomic<bool> closed_{false};
-  std::mutex nack_mu_;
-  std::map<uint64_t, int64_t> nacks_;
-  std::thread reader_;
-};
-
-// An fd closed on scope exit.
-class Sock {
- public:
-  explicit Sock(int fd = -1) : fd_(fd) {}
-  ~Sock() { Reset(); }
-  Sock(const Sock&) = delete;
-  Sock& operator=(const Sock&) = delete;
-  Sock(Sock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  int get() const { return fd_; }
-  void Reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
+using namespace hixl_test::raw;  // NOLINT: the raw client's vocabulary
 
 // ---------------------------------------------------------------------------
 
@@ -615,11 +237,11 @@ TEST_F(TcpHostileTest, GarbageInsteadOfLaneHello) {
   // A request header where the hello belongs, followed by its payload.
   Bytes req = Request(kOpWrite, 1, rw_, 4096);
   Append(req, Bytes(4096, 0xEE));
-  // A control-protocol frame on the data port.
+  // A control-protocol frame on the data port (as long as a lane hello).
   Bytes frame;
   PutU32(frame, kFrameMagic);
-  PutU32(frame, 16);
-  Append(frame, Bytes(16, 0x80));
+  PutU32(frame, static_cast<uint32_t>(kLaneHelloSize - 8));
+  Append(frame, Bytes(kLaneHelloSize - 8, 0x80));
   for (const Bytes* g : {&junk, &ones, &req, &frame}) {
     Sock s(ConnectTcp(ctl_.ip(), ctl_.data_port));
     ASSERT_GE(s.get(), 0);
@@ -633,6 +255,30 @@ TEST_F(TcpHostileTest, GarbageInsteadOfLaneHello) {
       EXPECT_NE(GetU32(got.data() + 4), 0u) << "garbage was accepted as a lane hello";
     }
   }
+  ExpectRegionsUnchanged();
+  ExpectPeerStillServes();
+}
+
+// A data connection that sends part of a hello, or nothing, and then waits:
+// closed once HandshakeTimeoutMs (1 s here) has passed, so idle connections
+// cannot pile up.
+class TcpHelloTimeoutTest : public TcpHostileTest {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(Prepare({"HandshakeTimeoutMs=1000"}, false)); }
+};
+
+TEST_F(TcpHelloTimeoutTest, DataConnectionsWithoutAHelloAreClosedInTime) {
+  Sock silent(ConnectTcp(ctl_.ip(), ctl_.data_port));
+  Sock partial(ConnectTcp(ctl_.ip(), ctl_.data_port));
+  ASSERT_GE(silent.get(), 0);
+  ASSERT_GE(partial.get(), 0);
+  Bytes half = LaneHello(ctl_.token, ctl_.generation);
+  half.resize(kLaneHelloSize / 2);
+  ASSERT_TRUE(SendAll(partial.get(), half));
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(DrainUntilClosed(silent.get(), 10000)) << "silent connection still open";
+  EXPECT_TRUE(DrainUntilClosed(partial.get(), 10000)) << "half-hello connection still open";
+  EXPECT_GE(ElapsedMs(t0), 500) << "closed before its time";
   ExpectRegionsUnchanged();
   ExpectPeerStillServes();
 }
@@ -834,7 +480,8 @@ TEST_F(TcpHostileTest, WrongTokenIsRefused) {
       {"token all ones", LaneHello(~0ull, gen)},
       {"right token, wrong generation", LaneHello(tok, gen + 1)},
       {"right token, generation 0", LaneHello(tok, 0)},
-      {"right token, version 2", LaneHello(tok, gen, kLaneMagic, 2)},
+      {"right token, version 1 (the tagless one)", LaneHello(tok, gen, kLaneMagic, 1)},
+      {"right token, version 3", LaneHello(tok, gen, kLaneMagic, 3)},
       {"right token, version 0", LaneHello(tok, gen, kLaneMagic, 0)},
       {"right token, bad magic", LaneHello(tok, gen, 0x12345678)},
   };

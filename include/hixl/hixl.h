@@ -179,6 +179,19 @@ inline constexpr const char kPeersLowWater[] = "PeersLowWater";
 // Notifications queued per sending peer before further ones are refused
 // with RESOURCE_EXHAUSTED (1..1048576, default 4096).
 inline constexpr const char kNotifyQueueDepth[] = "NotifyQueueDepth";
+// Authentication of peers (docs/SECURITY.md). The shared secret (16..4096
+// bytes), given inline ...
+inline constexpr const char kAuthSecret[] = "AuthSecret";
+// ... or as the path of a file holding it (trailing newlines dropped; the
+// file must not be accessible to other users). With a secret, every link
+// starts with a mutual HMAC-SHA256 challenge-response; nothing that gives
+// access (regions, transport tokens, notifications) crosses a link that did
+// not authenticate.
+inline constexpr const char kAuthSecretFile[] = "AuthSecretFile";
+// "1" (default with a secret): refuse peers that do not authenticate, in
+// both directions. "0": also link with peers that have no secret (a rolling
+// upgrade); a peer that offers a wrong proof is refused either way.
+inline constexpr const char kAuthRequired[] = "AuthRequired";
 }  // namespace options
 
 class HIXL_EXPORT Hixl {

@@ -121,6 +121,13 @@ typedef struct HixlRequestObj* HixlRequest;
 /* Notifications queued per sending peer before further ones are refused with
  * HIXL_RESOURCE_EXHAUSTED (1..1048576, default 4096). */
 #define HIXL_OPTION_NOTIFY_QUEUE_DEPTH "NotifyQueueDepth"
+/* Authentication of peers (docs/SECURITY.md): the shared secret inline
+ * (16..4096 bytes) or the path of a file holding it (not accessible to other
+ * users); "1" (default with a secret) refuses peers that do not
+ * authenticate, "0" also links with peers that have no secret. */
+#define HIXL_OPTION_AUTH_SECRET "AuthSecret"
+#define HIXL_OPTION_AUTH_SECRET_FILE "AuthSecretFile"
+#define HIXL_OPTION_AUTH_REQUIRED "AuthRequired"
 /* ("AutoConnect" is accepted too; the C API connects on demand anyway.
  * HIXL_OPTION_CONNECT_TIMEOUT_MS also bounds the engine's own connects.) */
 

@@ -378,6 +378,9 @@ PYBIND11_MODULE(_hixl, m) {
   o.attr("MAX_PEERS") = hixl::options::kMaxPeers;
   o.attr("PEERS_LOW_WATER") = hixl::options::kPeersLowWater;
   o.attr("NOTIFY_QUEUE_DEPTH") = hixl::options::kNotifyQueueDepth;
+  o.attr("AUTH_SECRET") = hixl::options::kAuthSecret;
+  o.attr("AUTH_SECRET_FILE") = hixl::options::kAuthSecretFile;
+  o.attr("AUTH_REQUIRED") = hixl::options::kAuthRequired;
 
   py::object nt = py::module_::import("collections")
                       .attr("namedtuple")("NotifyDesc", py::make_tuple("name", "msg", "sender"));

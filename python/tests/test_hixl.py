@@ -673,3 +673,31 @@ def test_option_keys():
     h = hixl.Hixl()
     h.initialize("127.0.0.1", {hixl.options.MAX_PEERS: "8", hixl.options.PEERS_LOW_WATER: "2"})
     h.finalize()
+
+
+def test_authenticated_links(tmp_path):
+    secret = "python side shared secret"
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    rx = hixl.Hixl()
+    rx.initialize("127.0.0.1:0", {hixl.options.AUTH_SECRET_FILE: str(path)})
+    good = hixl.Hixl()
+    good.initialize("127.0.0.1:0", {hixl.options.AUTH_SECRET: secret})
+    good.connect(rx.local_engine())
+    good.send_notify(rx.local_engine(), "authenticated")
+    assert [n.name for n in rx.get_notifies()] == ["authenticated"]
+    for opts, says in (({hixl.options.AUTH_SECRET: "some other shared secret"}, "authentication failed"),
+                       ({}, "requires authentication")):
+        bad = hixl.Hixl()
+        bad.initialize("127.0.0.1:0", opts)
+        with pytest.raises(hixl.HixlError) as ei:
+            bad.connect(rx.local_engine())
+        assert says in str(ei.value)
+        bad.finalize()
+    path.chmod(0o644)
+    with pytest.raises(hixl.HixlError) as ei:
+        hixl.Hixl().initialize("127.0.0.1:0", {hixl.options.AUTH_SECRET_FILE: str(path)})
+    assert ei.value.code_name == "PARAM_INVALID" and "chmod 600" in str(ei.value)
+    good.finalize()
+    rx.finalize()

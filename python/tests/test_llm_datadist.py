@@ -237,6 +237,46 @@ def test_host_memory_and_options_accepted():
         assert ei.value.status_code == S.LLM_FEATURE_NOT_ENABLED
 
 
+def test_authenticated_clusters(tmp_path):
+    """The engine's AuthSecretFile through llm.GlobalResourceConfig: clusters with
+    the secret link and pull; one without it is refused (LLM_LINK_FAILED)."""
+    path = tmp_path / "secret"
+    path.write_text("datadist shared secret\n")
+    path.chmod(0o600)
+
+    def config(listen, secret):
+        cfg = ldd.LLMConfig()
+        if listen:
+            cfg.listen_ip_info = "127.0.0.1:0"
+            cfg.enable_cache_manager = True
+            cfg.enable_remote_cache_accessible = True
+        if secret:
+            cfg.global_resource_config = {"AuthSecretFile": str(path)}
+        return cfg.generate_options()
+
+    desc = ldd.CacheDesc(2, [4, 64], ldd.DataType.DT_UINT8, ldd.Placement.HOST)
+    with ldd.LLMDataDist(ldd.LLMRole.PROMPT, 60) as p, \
+            ldd.LLMDataDist(ldd.LLMRole.DECODER, 61) as d, \
+            ldd.LLMDataDist(ldd.LLMRole.DECODER, 62) as stranger:
+        p.init(config(True, True))
+        d.init(config(False, True))
+        stranger.init(config(False, False))
+        src = [np.arange(256, dtype=np.uint8).reshape(4, 64), np.full((4, 64), 9, np.uint8)]
+        cache = p.cache_manager.register_cache(desc, src, [ldd.CacheKey(60, 7)])
+        port = int(p.local_address.rsplit(":", 1)[1])
+        ret, rets = d.link_clusters([cluster_info(60, port)], timeout=3000)
+        assert ret == S.LLM_SUCCESS and rets == [S.LLM_SUCCESS]
+        dst = [np.zeros((4, 64), np.uint8) for _ in range(2)]
+        local = d.cache_manager.register_cache(desc, dst)
+        d.cache_manager.pull_cache(ldd.CacheKey(60, 7), local)
+        # A key names one batch entry (row 0 here): that row arrives.
+        assert all((a[0] == b[0]).all() for a, b in zip(dst, src))
+        ret, rets = stranger.link_clusters([cluster_info(60, port)], timeout=3000)
+        assert rets == [S.LLM_LINK_FAILED]
+        d.cache_manager.unregister_cache(local.cache_id)
+        p.cache_manager.unregister_cache(cache.cache_id)
+
+
 def test_lease_expiry_event():
     with ldd.LLMDataDist(ldd.LLMRole.PROMPT, 43) as dd:
         dd.init({})

@@ -177,6 +177,9 @@ static_assert(std::string_view(HIXL_OPTION_HEARTBEAT_MISSES) == hixl::options::k
 static_assert(std::string_view(HIXL_OPTION_MAX_PEERS) == hixl::options::kMaxPeers);
 static_assert(std::string_view(HIXL_OPTION_PEERS_LOW_WATER) == hixl::options::kPeersLowWater);
 static_assert(std::string_view(HIXL_OPTION_NOTIFY_QUEUE_DEPTH) == hixl::options::kNotifyQueueDepth);
+static_assert(std::string_view(HIXL_OPTION_AUTH_SECRET) == hixl::options::kAuthSecret);
+static_assert(std::string_view(HIXL_OPTION_AUTH_SECRET_FILE) == hixl::options::kAuthSecretFile);
+static_assert(std::string_view(HIXL_OPTION_AUTH_REQUIRED) == hixl::options::kAuthRequired);
 
 // Canonical "ip:port" of an engine address (the engine's own peer key), or
 // the string itself when it does not parse.

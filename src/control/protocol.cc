@@ -59,8 +59,45 @@ std::string TypeOf(const wire::Msg& m) {
 }
 
 wire::Msg EncodeHello(const Hello& h) {
-  return {{"t", "hello"},   {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
-          {"host", h.host}, {"pid", h.pid},   {"hb", h.hb_ms}};
+  wire::Msg m = {{"t", "hello"},   {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
+                 {"host", h.host}, {"pid", h.pid},   {"hb", h.hb_ms}};
+  if (h.has_auth) m["auth"] = auth::Hex(h.cn.data(), h.cn.size());
+  return m;
+}
+
+namespace {
+// A fixed-size binary field carried as hex.
+template <size_t N>
+bool GetHex(const wire::Msg& m, const char* key, std::array<uint8_t, N>& out) {
+  std::string s;
+  return wire::GetStr(m, key, s, 2 * N) && auth::FromHex(s, out.data(), N);
+}
+}  // namespace
+
+wire::Msg EncodeChallenge(const Challenge& c) {
+  return {{"t", "challenge"},
+          {"sn", auth::Hex(c.sn.data(), c.sn.size())},
+          {"proof", auth::Hex(c.proof.data(), c.proof.size())}};
+}
+
+Status DecodeChallenge(const wire::Msg& m, Challenge& out) {
+  if (TypeOf(m) != "challenge") return Status::ParamInvalid("expected challenge");
+  Challenge c;
+  if (!GetHex(m, "sn", c.sn) || !GetHex(m, "proof", c.proof)) {
+    return Status::ParamInvalid("malformed challenge");
+  }
+  out = c;
+  return Status::Ok();
+}
+
+wire::Msg EncodeAuth(const auth::Tag& proof) {
+  return {{"t", "auth"}, {"proof", auth::Hex(proof.data(), proof.size())}};
+}
+
+Status DecodeAuth(const wire::Msg& m, auth::Tag& out) {
+  if (TypeOf(m) != "auth") return Status::ParamInvalid("expected auth");
+  if (!GetHex(m, "proof", out)) return Status::ParamInvalid("malformed auth answer");
+  return Status::Ok();
 }
 
 namespace {
@@ -84,6 +121,10 @@ Status DecodeHello(const wire::Msg& m, Hello& out) {
     return s;
   }
   if (Status s = DecodeHeartbeatMs(m, h.hb_ms); !s.ok()) return s;
+  if (m.contains("auth")) {
+    if (!GetHex(m, "auth", h.cn)) return Status::ParamInvalid("malformed auth nonce");
+    h.has_auth = true;
+  }
   out = std::move(h);
   return Status::Ok();
 }

@@ -1,7 +1,14 @@
 // The control protocol between engines (over the listener's TCP socket).
 //
-//   initiator -> target: hello    {v, engine, gen, host, pid, hb}
+//   initiator -> target: hello    {v, engine, gen, host, pid, hb, auth?}
+//   target -> initiator: challenge {sn, proof}        only when the target authenticates
+//   initiator -> target: auth      {proof}            the initiator's answer
 //   target -> initiator: welcome  {v, engine, gen, host, pid, hb, regions[], tp{name: info}, info?}
+// auth: the initiator's nonce cn (hex), present when it has a secret. A
+// target with a secret answers with its nonce sn and its proof
+// (auth::TargetProof); the initiator checks it and answers with its own
+// (auth::InitiatorProof); only then does the welcome (regions, transport
+// tokens) go out. See auth/auth.h.
 // info: the target's application string (Hixl::SetLocalInfo), optional.
 // hb: the sender's heartbeat interval (ms, optional, default 1000). A link
 // beats at the smaller of the two: each side sends `hb` when it has sent
@@ -25,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/wire.h"
 #include "hixl/status.h"
 
@@ -53,6 +61,13 @@ struct Hello {
   std::string host;
   int64_t pid = 0;
   uint32_t hb_ms = kDefaultHeartbeatMs;
+  bool has_auth = false;  // the initiator offers authentication with nonce cn
+  auth::Nonce cn{};
+};
+
+struct Challenge {
+  auth::Nonce sn{};
+  auth::Tag proof{};
 };
 
 struct Welcome {
@@ -72,6 +87,12 @@ std::string TypeOf(const wire::Msg& m);
 
 wire::Msg EncodeHello(const Hello& h);
 Status DecodeHello(const wire::Msg& m, Hello& out);
+
+wire::Msg EncodeChallenge(const Challenge& c);
+Status DecodeChallenge(const wire::Msg& m, Challenge& out);
+
+wire::Msg EncodeAuth(const auth::Tag& proof);
+Status DecodeAuth(const wire::Msg& m, auth::Tag& out);
 
 wire::Msg EncodeWelcome(const Welcome& w);
 Status DecodeWelcome(const wire::Msg& m, Welcome& out);

@@ -158,6 +158,58 @@ Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
     Send(c, control::EncodeReject(s.message()));
     return s;
   }
+  if (opts_.auth_secret.empty()) {
+    SendWelcome(c, h);  // an offered nonce is ignored: the initiator decides
+    return Status::Ok();
+  }
+  if (!h.has_auth) {
+    if (!opts_.auth_required) {
+      HIXL_LOG(INFO) << "linking " << h.engine << " without authentication (AuthRequired=0)";
+      SendWelcome(c, h);
+      return Status::Ok();
+    }
+    const std::string why = "this engine requires authentication (AuthSecret) and " + h.engine +
+                            " offered none";
+    Send(c, control::EncodeReject(why));
+    return Status::Failed(why);
+  }
+  control::Challenge ch;
+  if (Status s = auth::RandomNonce(ch.sn); !s.ok()) {
+    Send(c, control::EncodeReject(s.message()));
+    return s;
+  }
+  ch.proof = auth::TargetProof(opts_.auth_secret, h.cn, ch.sn);
+  c.sn = ch.sn;
+  c.hello = std::move(h);
+  c.awaiting_auth = true;
+  Send(c, control::EncodeChallenge(ch));
+  return Status::Ok();
+}
+
+Status Hixl::Impl::HandleAuth(Conn& c, const wire::Msg& m) {
+  auth::Tag proof{};
+  if (Status s = control::DecodeAuth(m, proof); !s.ok()) {
+    Send(c, control::EncodeReject(s.message()));
+    return s;
+  }
+  const auth::Tag want = auth::InitiatorProof(opts_.auth_secret, c.hello.cn, c.sn);
+  if (!auth::TagEquals(want, proof.data(), proof.size())) {
+    const std::string why =
+        "authentication failed: " + c.hello.engine + "'s proof does not match this engine's secret";
+    Send(c, control::EncodeReject("authentication failed: the proof does not match the target's "
+                                  "secret (AuthSecret differs)"));
+    HIXL_LOG(WARN) << why;
+    return Status::Failed(why);
+  }
+  c.awaiting_auth = false;
+  c.authenticated = true;
+  c.link_key = auth::LinkKey(opts_.auth_secret, c.hello.cn, c.sn);
+  const control::Hello h = c.hello;
+  SendWelcome(c, h);
+  return Status::Ok();
+}
+
+void Hixl::Impl::SendWelcome(Conn& c, const control::Hello& h) {
   control::Welcome w;
   w.engine = local_engine_;
   w.generation = generation_;
@@ -173,19 +225,24 @@ Status Hixl::Impl::HandleHello(Conn& c, const wire::Msg& m) {
   for (const auto& r : regions_.Snapshot()) w.regions.push_back(ToDesc(r));
   for (auto& t : transports_) {
     wire::Msg info;
-    t->DescribeForPeer(c.id, info);
+    t->DescribeForPeer(c.id, c.authenticated ? &c.link_key : nullptr, info);
     if (!info.is_null()) w.transports[t->name()] = std::move(info);
   }
   c.established = true;
   c.peer_name = h.engine;
   Send(c, control::EncodeWelcome(w));
-  HIXL_LOG(INFO) << "accepted link from " << h.engine << " (pid " << h.pid << ")";
-  return Status::Ok();
+  HIXL_LOG(INFO) << "accepted link from " << h.engine << " (pid " << h.pid << ")"
+                 << (c.authenticated ? ", authenticated" : "");
 }
 
 Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
   const std::string type = control::TypeOf(m);
   if (c.accepted && !c.established) {
+    // Nothing but the handshake is accepted before it completed.
+    if (c.awaiting_auth) {
+      if (type != "auth") return Status::ParamInvalid("expected auth, got '" + type + "'");
+      return HandleAuth(c, m);
+    }
     if (type != "hello") return Status::ParamInvalid("expected hello, got '" + type + "'");
     return HandleHello(c, m);
   }
@@ -309,6 +366,13 @@ void Hixl::Impl::OnTick() {
       drop.emplace_back(id, "nothing heard for " + std::to_string(c->hb_ms * opts_.hb_misses) +
                                 " ms (peer dead or hung)");
       continue;
+    }
+    if (c->peer && c->peer->alive.load(std::memory_order_acquire)) {
+      // A link whose data connection broke cannot move bytes: it is lost.
+      if (Status h = c->peer->channel->Health(); !h.ok()) {
+        drop.emplace_back(id, "its data connection failed (" + h.message() + ")");
+        continue;
+      }
     }
     if (now - c->last_tx >= interval) Send(*c, control::EncodeHeartbeat());
   }

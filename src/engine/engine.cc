@@ -74,6 +74,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.copy_pool = &copy_pool_;
   ctx.copy_threads = opts_.copy_threads;
   ctx.listen_host = hp.host;
+  ctx.handshake_timeout_ms = opts_.handshake_timeout_ms;
   ctx.tcp_lanes = opts_.tcp_lanes;
   ctx.tcp_slice_size = opts_.tcp_slice_size;
   ctx.tcp_io_threads = opts_.tcp_io_threads;
@@ -379,8 +380,26 @@ Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
 
 // ---------------------------------------------------------------- links
 
+namespace {
+// Reads one control message from a blocking socket.
+Status ReadMessage(int fd, net::Deadline deadline, wire::Msg& m) {
+  uint8_t hdr[wire::kFrameHeaderSize];
+  uint32_t len = 0;
+  if (Status s = net::ReadFull(fd, hdr, sizeof(hdr), deadline); !s.ok()) return s;
+  if (Status s = wire::DecodeFrameHeader(hdr, len); !s.ok()) return s;
+  std::vector<uint8_t> body(len);
+  if (Status s = net::ReadFull(fd, body.data(), len, deadline); !s.ok()) return s;
+  return wire::DecodeBody(body.data(), len, m);
+}
+
+Status WriteMessage(int fd, net::Deadline deadline, const wire::Msg& m) {
+  auto frame = wire::EncodeFrame(m);
+  return net::WriteFull(fd, frame.data(), frame.size(), deadline);
+}
+}  // namespace
+
 Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
-                             control::Welcome& welcome) {
+                             control::Welcome& welcome, std::optional<auth::Key>* link_key) {
   if (Status s = net::TcpConnect(to, deadline, fd); !s.ok()) return s;
   control::Hello h;
   h.engine = local_engine_;
@@ -388,16 +407,33 @@ Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, ne
   h.host = host::HostIdentity();
   h.pid = getpid();
   h.hb_ms = static_cast<uint32_t>(opts_.hb_interval_ms);
-  auto frame = wire::EncodeFrame(control::EncodeHello(h));
-  if (Status s = net::WriteFull(fd.get(), frame.data(), frame.size(), deadline); !s.ok()) return s;
-  uint8_t hdr[wire::kFrameHeaderSize];
-  uint32_t len = 0;
-  if (Status s = net::ReadFull(fd.get(), hdr, sizeof(hdr), deadline); !s.ok()) return s;
-  if (Status s = wire::DecodeFrameHeader(hdr, len); !s.ok()) return s;
-  std::vector<uint8_t> body(len);
-  if (Status s = net::ReadFull(fd.get(), body.data(), len, deadline); !s.ok()) return s;
+  const bool have_secret = !opts_.auth_secret.empty();
+  if (have_secret) {
+    if (Status s = auth::RandomNonce(h.cn); !s.ok()) return s;
+    h.has_auth = true;
+  }
+  if (Status s = WriteMessage(fd.get(), deadline, control::EncodeHello(h)); !s.ok()) return s;
   wire::Msg m;
-  if (Status s = wire::DecodeBody(body.data(), len, m); !s.ok()) return s;
+  if (Status s = ReadMessage(fd.get(), deadline, m); !s.ok()) return s;
+  if (control::TypeOf(m) == "challenge") {
+    if (!have_secret) return Status::Failed("the peer sent a challenge this engine never asked for");
+    control::Challenge ch;
+    if (Status s = control::DecodeChallenge(m, ch); !s.ok()) return s;
+    const auth::Tag want = auth::TargetProof(opts_.auth_secret, h.cn, ch.sn);
+    if (!auth::TagEquals(want, ch.proof.data(), ch.proof.size())) {
+      return Status::Failed(
+          "authentication failed: the target's proof does not match this engine's secret "
+          "(AuthSecret differs, or it is not the engine it claims to be)");
+    }
+    const auth::Tag mine = auth::InitiatorProof(opts_.auth_secret, h.cn, ch.sn);
+    if (Status s = WriteMessage(fd.get(), deadline, control::EncodeAuth(mine)); !s.ok()) return s;
+    if (Status s = ReadMessage(fd.get(), deadline, m); !s.ok()) return s;
+    if (control::TypeOf(m) == "welcome") *link_key = auth::LinkKey(opts_.auth_secret, h.cn, ch.sn);
+  } else if (control::TypeOf(m) == "welcome" && have_secret && opts_.auth_required) {
+    return Status::Failed(
+        "the target does not authenticate (it has no AuthSecret) and this engine requires it "
+        "(AuthRequired)");
+  }
   if (control::TypeOf(m) == "reject") {
     return Status::Failed("peer refused the link: " + control::DecodeRejectReason(m));
   }
@@ -405,8 +441,8 @@ Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, ne
 }
 
 Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
-                            const control::Welcome& w, net::Deadline deadline,
-                            std::shared_ptr<Peer>& out) {
+                            const control::Welcome& w, const std::optional<auth::Key>& link_key,
+                            net::Deadline deadline, std::shared_ptr<Peer>& out) {
   auto peer = std::make_shared<Peer>();
   peer->name = name;
   peer->generation = w.generation;
@@ -418,6 +454,7 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   info.generation = w.generation;
   info.host_id = w.host;
   info.pid = w.pid;
+  info.link_key = link_key ? &*link_key : nullptr;
   std::string reasons;
   for (auto& t : transports_) {
     if (opts_.link != LinkType::AUTO && t->link_type() != opts_.link) continue;
@@ -532,12 +569,13 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   net::Fd fd;
   control::Welcome w;
   std::shared_ptr<Peer> peer;
-  Status s = Handshake(hp, deadline, fd, w);
+  std::optional<auth::Key> link_key;
+  Status s = Handshake(hp, deadline, fd, w, &link_key);
   if (!s.ok()) {
     s = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout : StatusCode::kFailed,
                "Connect to " + key + ": handshake failed: " + s.message());
   } else {
-    s = MakePeer(key, hp.host, w, deadline, peer);
+    s = MakePeer(key, hp.host, w, link_key, deadline, peer);
   }
   if (s.ok()) s = net::SetNonBlocking(fd.get(), true);
   std::lock_guard<std::mutex> lock(peers_mu_);
@@ -559,7 +597,8 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   }
   peers_[key] = peer;
   HIXL_LOG(INFO) << "connected to " << key << " over " << LinkTypeName(peer->channel->link_type())
-                 << ", " << peer->regions.size() << " regions (generation " << w.generation << ")";
+                 << ", " << peer->regions.size() << " regions (generation " << w.generation << ")"
+                 << (link_key ? ", authenticated" : "");
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -128,6 +129,14 @@ class Hixl::Impl {
     std::shared_ptr<Tx> tx = std::make_shared<Tx>();
     std::shared_ptr<Peer> peer;  // outbound connections
     int hb_ms = 1000;            // this link's heartbeat interval: min of both sides'
+    // Accepted connections while the target waits for the initiator's proof
+    // (after its challenge): the hello, and the target's nonce.
+    bool awaiting_auth = false;
+    control::Hello hello;
+    auth::Nonce sn{};
+    // The link authenticated both ways; its key binds the data connections.
+    bool authenticated = false;
+    auth::Key link_key{};
     net::Clock::time_point last_rx = net::Clock::now();
     net::Clock::time_point last_tx = net::Clock::now();
   };
@@ -172,13 +181,16 @@ class Hixl::Impl {
   void PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d, net::Deadline deadline,
                   std::function<void(Status)> done);
   void NotifyThread();
+  // The initiator's side of the handshake; *link_key is set when the link
+  // authenticated (AuthSecret).
   Status Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
-                   control::Welcome& welcome);
+                   control::Welcome& welcome, std::optional<auth::Key>* link_key);
   int LinkHeartbeatMs(uint32_t peer_hb_ms) const {
     return std::min(opts_.hb_interval_ms, static_cast<int>(peer_hb_ms));
   }
   Status MakePeer(const std::string& name, const std::string& address, const control::Welcome& w,
-                  net::Deadline deadline, std::shared_ptr<Peer>& out);
+                  const std::optional<auth::Key>& link_key, net::Deadline deadline,
+                  std::shared_ptr<Peer>& out);
   void AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions);
   void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
   Status RevokeFromPeers(uint64_t region_id);
@@ -196,6 +208,9 @@ class Hixl::Impl {
   void CloseTx(Tx& tx);
   Status HandleMessage(Conn& c, const wire::Msg& m);
   Status HandleHello(Conn& c, const wire::Msg& m);
+  Status HandleAuth(Conn& c, const wire::Msg& m);
+  // Target side: the handshake succeeded (authenticated or not needed).
+  void SendWelcome(Conn& c, const control::Hello& h);
   void CloseConn(uint64_t id, const std::string& why, bool quiet);
   void CheckRevokes();
   void OnTick();

@@ -1,5 +1,7 @@
 #include "engine/options.h"
 
+#include "auth/auth.h"
+
 #include <cstdint>
 #include <functional>
 #include <string_view>
@@ -49,6 +51,17 @@ Status ParseLinkType(Options& o, const std::string& value) {
   return Status::Ok();
 }
 
+// The secret's own value never appears in an error message.
+Status ParseAuthSecret(Options& o, const std::string& value) {
+  if (Status s = auth::CheckSecret(value, options::kAuthSecret); !s.ok()) return s;
+  o.auth_secret = value;
+  return Status::Ok();
+}
+
+Status ParseAuthSecretFile(Options& o, const std::string& value) {
+  return auth::ReadSecretFile(value, o.auth_secret);
+}
+
 template <typename T>
 std::function<void(Options&, int64_t)> Field(T Options::*field) {
   return [field](Options& o, int64_t v) { o.*field = static_cast<T>(v); };
@@ -77,6 +90,9 @@ const std::vector<Spec>& Specs() {
       {options::kPeersLowWater, 0, 1000000, "an integer 0..1000000", Field(&Options::low_water)},
       {options::kNotifyQueueDepth, 1, 1 << 20, "an integer 1..1048576",
        Field(&Options::notify_depth)},
+      {options::kAuthSecret, 0, 0, "a secret of 16..4096 bytes", nullptr, ParseAuthSecret},
+      {options::kAuthSecretFile, 0, 0, "a file holding the secret", nullptr, ParseAuthSecretFile},
+      {options::kAuthRequired, 0, 1, "0 or 1", Field(&Options::auth_required)},
   };
   return specs;
 }
@@ -94,6 +110,10 @@ const std::vector<std::string>& OptionKeys() {
 
 Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
   Options o;
+  if (in.count(options::kAuthSecret) != 0 && in.count(options::kAuthSecretFile) != 0) {
+    return Status::ParamInvalid(std::string("options ") + options::kAuthSecret + " and " +
+                                options::kAuthSecretFile + " exclude each other: give one");
+  }
   for (const auto& [key, value] : in) {
     const Spec* spec = nullptr;
     for (const auto& s : Specs()) {
@@ -109,6 +129,12 @@ Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) 
       return Status::ParamInvalid("option " + key + "='" + value + "': expected " + spec->expect);
     }
     spec->set(o, v);
+  }
+  if (in.count(options::kAuthRequired) == 0) {
+    o.auth_required = !o.auth_secret.empty();
+  } else if (o.auth_required && o.auth_secret.empty()) {
+    return Status::ParamInvalid(std::string("option ") + options::kAuthRequired + "=1 needs " +
+                                options::kAuthSecret + " or " + options::kAuthSecretFile);
   }
   const bool low_water_set = in.count(options::kPeersLowWater) != 0;
   if (low_water_set && o.max_peers == 0) {

@@ -30,6 +30,8 @@ struct Options {
   size_t max_peers = 0;  // 0: no limit
   size_t low_water = 0;  // derived from max_peers unless given
   size_t notify_depth = 4096;
+  std::string auth_secret;     // empty: no authentication
+  bool auth_required = false;  // refuse peers that do not authenticate
 };
 
 // Every key Initialize accepts, in documentation order.

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/net.h"
 #include "common/thread_pool.h"
 #include "common/wire.h"
@@ -36,6 +37,9 @@ struct PeerInfo {
   std::string host_id;
   int64_t pid = 0;
   const wire::Msg* info = nullptr;  // this transport's section of the handshake, or null
+  // The link's key when it authenticated (auth/auth.h): the transport binds
+  // its own connections to it. Null: an unauthenticated link.
+  const auth::Key* link_key = nullptr;
 };
 
 // Engine services a transport may use. Pointers outlive the transport.
@@ -46,6 +50,9 @@ struct TransportContext {
   ThreadPool* copy_pool = nullptr;
   int copy_threads = 1;
   std::string listen_host;  // the control listener's IP
+  // How long an accepted connection may take to prove it belongs to a link
+  // (HandshakeTimeoutMs): the control handshake, a data connection's hello.
+  int handshake_timeout_ms = 5000;
   int tcp_lanes = 2;
   size_t tcp_slice_size = 1u << 20;
   int tcp_io_threads = 2;
@@ -68,6 +75,10 @@ class Channel {
   // this channel reports its end while a byte of it may still move, and none
   // writes anywhere once all have ended.
   virtual void Close(net::Deadline drain_until) = 0;
+  // OK while the channel can move bytes; otherwise why not (e.g. one of its
+  // data connections was reset). The engine then drops the link, so the
+  // application sees it lost and can connect again.
+  virtual Status Health() const { return Status::Ok(); }
 };
 
 class Transport {
@@ -78,8 +89,10 @@ class Transport {
   virtual Status Start() = 0;
   virtual void Stop() = 0;
   // Target side: fills info with what the accepted peer conn_id needs to
-  // use this transport; ForgetPeer revokes it.
-  virtual void DescribeForPeer(uint64_t conn_id, wire::Msg& info) = 0;
+  // use this transport; ForgetPeer revokes it. link_key: the link's key when
+  // it authenticated (null otherwise); the transport then accepts only
+  // connections that prove they hold it.
+  virtual void DescribeForPeer(uint64_t conn_id, const auth::Key* link_key, wire::Msg& info) = 0;
   virtual void ForgetPeer(uint64_t conn_id) = 0;
   // Target side: [addr, addr+len) is no longer registered. Returns once no
   // thread of this transport can still move bytes into or out of it.

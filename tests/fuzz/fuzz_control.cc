@@ -1,7 +1,10 @@
 // Fuzz target: the control protocol as a peer's bytes reach an engine —
 // frames through FrameReader, every decoded message through every decoder
-// (hello, welcome, reject, radd, rdel, rdel_ack, notify, nack). Nothing may
-// crash, leak or read out of bounds, whatever the bytes.
+// (hello, challenge, auth, welcome, reject, radd, rdel, rdel_ack, notify,
+// nack), and the handshake's proof checks on whatever nonces and proofs
+// decode, in both directions. Nothing may crash, leak or read out of bounds,
+// whatever the bytes.
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,7 +19,26 @@ void DecodeAll(const hixl::wire::Msg& m) {
   using namespace hixl::control;
   (void)TypeOf(m);
   Hello h;
-  (void)DecodeHello(m, h);
+  const std::string secret = "fuzzing secret, 16+ bytes";
+  if (DecodeHello(m, h).ok() && h.has_auth) {
+    // The target's side: a challenge for this nonce.
+    hixl::auth::Nonce sn{};
+    (void)hixl::auth::TargetProof(secret, h.cn, sn);
+  }
+  Challenge ch;
+  if (DecodeChallenge(m, ch).ok()) {
+    // The initiator's side: the target's proof checked, its own computed.
+    const hixl::auth::Nonce cn{};
+    (void)hixl::auth::TagEquals(hixl::auth::TargetProof(secret, cn, ch.sn), ch.proof.data(),
+                                ch.proof.size());
+    (void)hixl::auth::LinkKey(secret, cn, ch.sn);
+  }
+  hixl::auth::Tag proof{};
+  if (DecodeAuth(m, proof).ok()) {
+    const hixl::auth::Nonce cn{}, sn{};
+    (void)hixl::auth::TagEquals(hixl::auth::InitiatorProof(secret, cn, sn), proof.data(),
+                                proof.size());
+  }
   Welcome w;
   (void)DecodeWelcome(m, w);
   (void)DecodeRejectReason(m);

@@ -12,6 +12,8 @@
 #include "control/protocol.h"
 #include "datadist/metadata.h"
 #include "hixl/hixl.h"
+#include "lane_regions.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace fs = std::filesystem;
 using namespace hixl;
@@ -27,6 +29,22 @@ std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; 
 std::vector<uint8_t> Prefixed(uint8_t which, std::vector<uint8_t> b) {
   b.insert(b.begin(), which);
   return b;
+}
+
+// A tcp data-lane stream: a hello, then request headers back to back.
+std::vector<uint8_t> Lane(const transport::tcp::LaneHello& h,
+                          const std::vector<transport::tcp::ReqHdr>& reqs) {
+  const auto hello = transport::tcp::EncodeLaneHello(h);
+  std::vector<uint8_t> b(hello.begin(), hello.end());
+  for (const auto& r : reqs) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&r);
+    b.insert(b.end(), p, p + sizeof(r));
+  }
+  return b;
+}
+transport::tcp::ReqHdr Req(uint8_t op, uint64_t seq, uint64_t addr, uint64_t len,
+                           uint32_t magic = transport::tcp::kReqMagic) {
+  return transport::tcp::ReqHdr{magic, op, {0, 0, 0}, seq, addr, len};
 }
 
 }  // namespace
@@ -46,6 +64,14 @@ int main(int argc, char** argv) {
     h.host = "boot-id/ns";
     h.pid = 42;
     Write(d, "hello", wire::EncodeFrame(control::EncodeHello(h)));
+    h.has_auth = true;
+    for (size_t i = 0; i < h.cn.size(); ++i) h.cn[i] = static_cast<uint8_t>(i * 7 + 1);
+    Write(d, "hello_auth", wire::EncodeFrame(control::EncodeHello(h)));
+    control::Challenge ch;
+    ch.sn = h.cn;
+    ch.proof = auth::TargetProof("seed secret 0123456789", h.cn, ch.sn);
+    Write(d, "challenge", wire::EncodeFrame(control::EncodeChallenge(ch)));
+    Write(d, "auth", wire::EncodeFrame(control::EncodeAuth(ch.proof)));
     control::Welcome w;
     w.engine = "127.0.0.1:5000";
     w.generation = 9;
@@ -127,6 +153,43 @@ int main(int argc, char** argv) {
     Write(d, "handle", Bytes(hixlMemHandleSerialize(h)));
     hixlDestroyEngine(e);
     hixlDestroyConfig(cfg);
+  }
+  // tcp data lanes (regions: lane_regions.h).
+  {
+    using namespace transport::tcp;
+    const fs::path d = root / "lane";
+    const auto& rw = hixl_fuzz::kLaneRegions[0];  // READ_WRITE
+    const auto& ro = hixl_fuzz::kLaneRegions[1];  // READ, right after rw
+    const auto& wo = hixl_fuzz::kLaneRegions[2];  // WRITE
+    const auto& top = hixl_fuzz::kLaneRegions[3];
+    const LaneHello hello = MakeLaneHello(0x1234567890abcdef, 7);
+    Write(d, "hello", Lane(hello, {}));
+    Write(d, "read_write",
+          Lane(hello,
+               {Req(kOpRead, 1, rw.addr, 4096), Req(kOpWrite, 2, rw.addr + 4096, rw.len - 4096),
+                Req(kOpRead, 3, ro.addr, ro.len), Req(kOpWrite, 4, wo.addr + 1, 4095),
+                Req(kOpWrite, 5, wo.addr, kMaxSlice), Req(kOpRead, 6, top.addr + top.len - 1, 1)}));
+    Write(d, "refused",
+          Lane(hello, {Req(kOpWrite, 1, ro.addr, 8),              // denied
+                       Req(kOpRead, 2, wo.addr, 8),               // denied
+                       Req(kOpRead, 3, rw.addr + rw.len - 4, 8),  // spans rw|ro
+                       Req(kOpRead, 4, wo.addr - 1, 2),           // before wo
+                       Req(kOpRead, 5, rw.addr, 0),               // empty
+                       Req(kOpWrite, 6, wo.addr, kMaxSlice + 1),  // too long, fits
+                       Req(kOpRead, 7, 0, 8),                     // null
+                       Req(kOpRead, 8, ~uint64_t{0} - 3, 8),      // wraps
+                       Req(2, 9, rw.addr, 8),                     // bad op
+                       Req(kOpRead, 10, rw.addr, 8, kRespMagic)}));
+    LaneHello old = hello;
+    old.version = kLaneVersion + 1;
+    Write(d, "bad_version", Lane(old, {Req(kOpRead, 1, rw.addr, 8)}));
+    LaneHello alien = hello;
+    alien.magic = kReqMagic;
+    Write(d, "bad_magic", Lane(alien, {}));
+    auto part = Lane(hello, {Req(kOpRead, 1, rw.addr, 64)});
+    part.resize(part.size() - 5);  // a header still arriving
+    Write(d, "partial", part);
+    Write(d, "short", std::vector<uint8_t>(part.begin(), part.begin() + 10));
   }
   std::printf("seeds written to %s\n", root.c_str());
   return 0;

@@ -29,10 +29,23 @@ TEST(Options, EveryPublicKeyIsKnownOnce) {
         options::kDeregisterTimeoutMs, options::kHandshakeTimeoutMs, options::kTcpLanes,
         options::kTcpSliceSize, options::kTcpIoThreads, options::kHeartbeatIntervalMs,
         options::kHeartbeatMisses, options::kAutoConnect, options::kConnectTimeoutMs,
-        options::kMaxPeers, options::kPeersLowWater, options::kNotifyQueueDepth}) {
+        options::kMaxPeers, options::kPeersLowWater, options::kNotifyQueueDepth,
+        options::kAuthSecret, options::kAuthSecretFile, options::kAuthRequired}) {
     EXPECT_EQ(unique.count(k), 1u) << k;
   }
-  EXPECT_EQ(keys.size(), 15u) << "a key was added: list it above too";
+  EXPECT_EQ(keys.size(), 18u) << "a key was added: list it above too";
+}
+
+TEST(Options, AuthenticationSettings) {
+  Options o;
+  ASSERT_TRUE(Parse({{"AuthSecret", "0123456789abcdef"}}, &o).ok());
+  EXPECT_EQ(o.auth_secret, "0123456789abcdef");
+  EXPECT_TRUE(o.auth_required) << "a secret requires authentication by default";
+  ASSERT_TRUE(Parse({{"AuthSecret", "0123456789abcdef"}, {"AuthRequired", "0"}}, &o).ok());
+  EXPECT_FALSE(o.auth_required);
+  EXPECT_FALSE(Parse({{"AuthRequired", "1"}}, &o).ok());
+  EXPECT_TRUE(Parse({{"AuthRequired", "0"}}, &o).ok());
+  EXPECT_FALSE(Parse({{"AuthSecret", "0123456789abcde"}}, &o).ok()) << "15 bytes";
 }
 
 TEST(Options, DefaultsAndValues) {
@@ -42,6 +55,8 @@ TEST(Options, DefaultsAndValues) {
   EXPECT_EQ(o.hb_interval_ms, 1000);
   EXPECT_EQ(o.hb_misses, 3);
   EXPECT_FALSE(o.auto_connect);
+  EXPECT_TRUE(o.auth_secret.empty());
+  EXPECT_FALSE(o.auth_required);
   EXPECT_EQ(o.max_peers, 0u);
   ASSERT_TRUE(Parse({{"LinkType", "HCCS"},
                      {"HeartbeatIntervalMs", "10"},

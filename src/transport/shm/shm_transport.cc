@@ -31,6 +31,16 @@ constexpr size_t kMaxUdsClients = 1024;
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
+// The tag an authenticated link's getfd request carries: the link key over
+// the token and the region id.
+auth::Tag ShmRequestTag(const auth::Key& key, uint64_t token, uint64_t id) {
+  uint8_t b[16];
+  std::memcpy(b, &token, 8);
+  std::memcpy(b + 8, &id, 8);
+  return auth::Hmac(auth::View(key), "hixl-auth-v1 shm",
+                    std::string_view(reinterpret_cast<const char*>(b), sizeof(b)));
+}
+
 // ---- target side: serves memfds to peers holding a token -------------------
 
 class ShmTransport final : public Transport {
@@ -63,12 +73,12 @@ class ShmTransport final : public Transport {
     listen_.Reset();
   }
 
-  void DescribeForPeer(uint64_t conn_id, wire::Msg& info) override {
+  void DescribeForPeer(uint64_t conn_id, const auth::Key* link_key, wire::Msg& info) override {
     if (uds_name_.empty()) return;
     uint64_t token = host::RandomU64();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      tokens_[token] = conn_id;
+      tokens_[token] = TokenInfo{conn_id, link_key != nullptr, link_key ? *link_key : auth::Key{}};
     }
     info = wire::Msg::object();
     info["uds"] = uds_name_;
@@ -78,7 +88,7 @@ class ShmTransport final : public Transport {
 
   void ForgetPeer(uint64_t conn_id) override {
     std::lock_guard<std::mutex> lock(mu_);
-    std::erase_if(tokens_, [&](const auto& kv) { return kv.second == conn_id; });
+    std::erase_if(tokens_, [&](const auto& kv) { return kv.second.conn_id == conn_id; });
   }
 
   bool CanReach(const PeerInfo& peer, std::string& why) const override {
@@ -108,7 +118,12 @@ class ShmTransport final : public Transport {
   net::Fd stop_efd_;
   std::thread server_;
   std::mutex mu_;
-  std::unordered_map<uint64_t, uint64_t> tokens_;  // token -> accepted connection
+  struct TokenInfo {
+    uint64_t conn_id;   // the accepted control connection
+    bool keyed;         // its link authenticated: requests carry a tag
+    auth::Key key;
+  };
+  std::unordered_map<uint64_t, TokenInfo> tokens_;
 };
 
 void ShmTransport::Serve() {
@@ -163,7 +178,20 @@ void ShmTransport::Serve() {
         bool token_ok = false;
         if (type == "getfd" && wire::GetU64(req, "token", token) && wire::GetU64(req, "id", id)) {
           std::lock_guard<std::mutex> lock(mu_);
-          token_ok = tokens_.count(token) != 0;
+          auto it = tokens_.find(token);
+          if (it != tokens_.end()) {
+            token_ok = true;
+            if (it->second.keyed) {
+              // An authenticated link: the token alone (seen in the welcome)
+              // is not enough, the request must be tagged with the link key.
+              std::string hex;
+              auth::Tag tag{};
+              token_ok = wire::GetStr(req, "tag", hex, 2 * auth::kTagSize) &&
+                         auth::FromHex(hex, tag.data(), tag.size()) &&
+                         auth::TagEquals(ShmRequestTag(it->second.key, token, id), tag.data(),
+                                         tag.size());
+            }
+          }
         }
         if (!token_ok) {
           HIXL_LOG(WARN) << "shm: unix-socket request without a valid token refused";
@@ -201,7 +229,9 @@ class ShmChannel final : public Channel {
         engine_(peer.engine),
         pid_(static_cast<pid_t>(peer.pid)),
         uds_(std::move(uds)),
-        token_(token) {}
+        token_(token),
+        keyed_(peer.link_key != nullptr),
+        key_(peer.link_key ? *peer.link_key : auth::Key{}) {}
 
   LinkType link_type() const override { return LinkType::SHM; }
 
@@ -238,6 +268,8 @@ class ShmChannel final : public Channel {
   std::mutex uds_mu_;
   net::Fd uds_;
   uint64_t token_;
+  bool keyed_;
+  auth::Key key_;
   bool cma_ok_ = false;
   std::string cma_error_;
   std::atomic<bool> closed_{false};
@@ -288,6 +320,10 @@ Status ShmChannel::PrepareRegion(memory::RemoteRegion& r) {
   req["t"] = "getfd";
   req["token"] = token_;
   req["id"] = r.id;
+  if (keyed_) {
+    const auth::Tag tag = ShmRequestTag(key_, token_, r.id);
+    req["tag"] = auth::Hex(tag.data(), tag.size());
+  }
   auto frame = wire::EncodeFrame(req);
   std::lock_guard<std::mutex> lock(uds_mu_);
   auto d = net::DeadlineAfterMs(2000);

@@ -15,6 +15,7 @@
 //   lane hello  {magic 'HXL2', version, token, target generation} -> {magic, status}
 //   request     {magic, op, seq, remote addr, len} [+ len payload bytes for WRITE]
 //   response    {magic, op, status, seq, len}      [+ len payload bytes for READ]
+// (Exact layout and the checks a target applies: tcp_wire.h.)
 // A request that fails validation is answered with an error status and the
 // lane is closed: its payload cannot be skipped safely.
 #ifndef HIXL_TRANSPORT_TCP_TCP_TRANSPORT_H_

@@ -1,0 +1,375 @@
+// The initiator side of the tcp transport's data lanes: ClientLane sends
+// request headers (and WRITE payloads) and receives the target's answers in
+// order (READ payloads straight into the caller's memory); TcpChannel cuts
+// each transfer into slices and stripes them over a link's lanes.
+// Thread safety: see ClientLane and TcpChannel in tcp_internal.h.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "transport/tcp/tcp_internal.h"
+
+namespace hixl::transport::tcp {
+
+void ClientLane::SetEventsLocked(uint32_t ev) {
+  if (ev == events_) return;
+  events_ = ev;
+  if (registered_ && !broken_) loop_->ModifyFd(fd_.get(), loop_id_, ev);
+}
+
+void ClientLane::Enqueue(std::vector<Piece>& pieces) {
+  Completions done;
+  bool failed = false;
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_ || draining_) {
+      Status why =
+          broken_ ? broken_reason_ : Status::NotConnected("link to " + engine_ + " is closing");
+      for (auto& p : pieces) done.emplace_back(std::move(p.t), why);
+    } else {
+      for (auto& p : pieces) {
+        p.hdr.seq = next_seq_++;
+        sendq_.push_back(std::move(p));
+      }
+      if (!(events_ & EPOLLOUT)) FlushLocked(done);
+    }
+    failed = broken_;
+    why = broken_reason_;
+  }
+  for (auto& [t, s] : done) t->PartDone(s);
+  if (failed) Fail(why);
+}
+
+void ClientLane::FlushLocked(Completions& done) {
+  while (!sendq_.empty()) {
+    // A transfer told to stop sends nothing more that it has not begun.
+    while (!sendq_.empty() && sendq_.front().off == 0 && sendq_.front().t->StopRequested()) {
+      Status why = sendq_.front().t->CheckContinue();
+      done.emplace_back(std::move(sendq_.front().t), std::move(why));
+      sendq_.pop_front();
+    }
+    iovec iov[kMaxIov];
+    size_t n = 0;
+    for (auto it = sendq_.begin(); it != sendq_.end() && n + 2 <= kMaxIov; ++it) {
+      bool write = it->hdr.op == kOpWrite;
+      if (it->off < sizeof(ReqHdr)) {
+        iov[n++] = {reinterpret_cast<char*>(&it->hdr) + it->off, sizeof(ReqHdr) - it->off};
+        if (write) iov[n++] = {it->local, it->len};
+      } else {
+        size_t p = it->off - sizeof(ReqHdr);
+        iov[n++] = {it->local + p, it->len - p};
+      }
+    }
+    if (n == 0) break;
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t r;
+    {
+      [[maybe_unused]] PayloadAccess quiet;
+      r = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        SetEventsLocked(EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+        return;
+      }
+      if (errno == EFAULT) {
+        // A local buffer is not readable: that piece fails; the stream is now
+        // out of step, so the lane goes too.
+        broken_reason_ = Status::Failed("a local buffer is not readable (EFAULT)");
+      } else {
+        broken_reason_ = net::ErrnoStatus("tcp send to " + engine_, errno);
+      }
+      broken_ = true;
+      return;
+    }
+    size_t left = static_cast<size_t>(r);
+    while (left > 0) {
+      Piece& p = sendq_.front();
+      size_t total = sizeof(ReqHdr) + (p.hdr.op == kOpWrite ? p.len : 0);
+      size_t rest = total - p.off;
+      if (left >= rest) {
+        left -= rest;
+        p.off = total;
+        inflight_.push_back(std::move(p));
+        sendq_.pop_front();
+      } else {
+        p.off += left;
+        left = 0;
+      }
+    }
+  }
+  SetEventsLocked(EPOLLIN | EPOLLRDHUP);
+}
+
+void ClientLane::Fail(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) {
+      broken_ = true;
+      broken_reason_ = why;
+    }
+  }
+  drained_cv_.notify_all();
+  if (loop_->InLoop()) {
+    FailNow();
+    return;
+  }
+  auto self = shared_from_this();
+  // A stopped loop runs nothing any more, so failing here races with nothing.
+  if (!loop_->Post([self] { self->FailNow(); })) FailNow();
+}
+
+void ClientLane::FailNow() {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fd_.valid() && (!sendq_.empty() || !inflight_.empty())) {
+      // Abandoning pieces on the wire: reset the connection rather than
+      // closing it, so bytes still in our send buffer are never delivered
+      // and the target sees the hang-up before anything it has not applied.
+      linger lg{1, 0};
+      setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    }
+    for (auto& p : sendq_) {
+      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+    }
+    for (auto& p : inflight_) {
+      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+    }
+    sendq_.clear();
+    inflight_.clear();
+    if (registered_ && loop_->InLoop()) loop_->Remove(loop_id_);
+    registered_ = false;
+    fd_.Reset();
+    rleft_ = 0;
+  }
+  drained_cv_.notify_all();
+  for (auto& [t, s] : done) t->PartDone(s);
+}
+
+void ClientLane::DetachStoppedReads() {
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool front = true;
+    for (auto& p : inflight_) {
+      if (p.t && p.hdr.op == kOpRead && p.t->StopRequested()) {
+        // Its reply, or what is left of it, goes to the sink.
+        if (front && rleft_ > 0) rdst_ = nullptr;
+        Status why = p.t->CheckContinue();
+        done.emplace_back(std::move(p.t), std::move(why));
+      }
+      front = false;
+    }
+  }
+  drained_cv_.notify_all();
+  for (auto& [t, s] : done) t->PartDone(s);
+}
+
+void ClientLane::PurgeStopped() {
+  if (loop_->InLoop()) {
+    DetachStoppedReads();
+  } else {
+    auto self = shared_from_this();
+    loop_->Post([self] { self->DetachStoppedReads(); });
+  }
+  Completions done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = sendq_.begin(); it != sendq_.end();) {
+      if (it->off == 0 && it->t->StopRequested()) {
+        Status why = it->t->CheckContinue();
+        done.emplace_back(std::move(it->t), std::move(why));
+        it = sendq_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  drained_cv_.notify_all();
+  for (auto& [t, s] : done) t->PartDone(s);
+}
+
+bool ClientLane::ReadResponses(Completions& done) {
+  size_t moved = 0;
+  for (;;) {
+    if (moved >= kFairnessBytes) {  // let other lanes run, then come back
+      auto self = shared_from_this();
+      loop_->Post([self] { self->OnEvent(EPOLLIN); });
+      return true;
+    }
+    if (rleft_ > 0) {  // a READ reply's payload, straight into local memory
+      ssize_t r;
+      if (rdst_ == nullptr) {  // detached: the caller's buffer is not touched
+        if (sink_.empty()) sink_.resize(kStaging);
+        r = in_.Payload(fd_.get(), sink_.data(), std::min(rleft_, sink_.size()));
+      } else {
+        [[maybe_unused]] PayloadAccess quiet;
+        r = in_.Payload(fd_.get(), rdst_, rleft_);
+      }
+      if (r == -1) return true;
+      if (r <= 0) return false;
+      if (rdst_ != nullptr) rdst_ += r;
+      rleft_ -= static_cast<size_t>(r);
+      moved += static_cast<size_t>(r);
+      if (rleft_ == 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (inflight_.front().t) done.emplace_back(std::move(inflight_.front().t), Status::Ok());
+        inflight_.pop_front();
+      }
+      continue;
+    }
+    if (in_.avail() < sizeof(RespHdr)) {
+      ssize_t r = in_.Fill(fd_.get());
+      if (r == -1) return true;
+      if (r <= 0) return false;
+      continue;
+    }
+    RespHdr h;
+    std::memcpy(&h, in_.data(), sizeof(h));
+    in_.Consume(sizeof(h));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (h.magic != kRespMagic || inflight_.empty() || inflight_.front().hdr.seq != h.seq ||
+        inflight_.front().hdr.op != h.op) {
+      broken_reason_ =
+          Status::Failed("tcp: target " + engine_ + " sent a response out of sequence");
+      return false;
+    }
+    Piece& p = inflight_.front();
+    if (h.status != kOk) {
+      if (p.t) {
+        done.emplace_back(std::move(p.t),
+                          Status::ParamInvalid(std::string("target ") + engine_ +
+                                               " refused a slice: " + StatusText(h.status)));
+      }
+      inflight_.pop_front();
+      continue;  // the target closes the lane next; the rest fail then
+    }
+    if (h.op == kOpRead) {
+      if (h.len != p.len) {
+        broken_reason_ =
+            Status::Failed("tcp: target " + engine_ + " sent a reply of the wrong length");
+        return false;
+      }
+      rdst_ = p.t ? p.local : nullptr;
+      rleft_ = p.len;
+    } else {
+      if (p.t) done.emplace_back(std::move(p.t), Status::Ok());
+      inflight_.pop_front();
+    }
+  }
+  return true;
+}
+
+void ClientLane::Drain(const Status& why, net::Deadline deadline) {
+  Completions done;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    draining_ = true;
+    // Pieces not begun never go out; one partly sent must finish (the target
+    // would otherwise wait for the rest of its payload).
+    for (auto it = sendq_.begin(); it != sendq_.end();) {
+      if (it->off == 0) {
+        done.emplace_back(std::move(it->t), why);
+        it = sendq_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lock.unlock();
+    for (auto& [t, s] : done) t->PartDone(s);
+    lock.lock();
+    drained_cv_.wait_until(lock, deadline,
+                           [this] { return broken_ || (sendq_.empty() && inflight_.empty()); });
+  }
+  Fail(why);
+}
+
+void ClientLane::OnEvent(uint32_t ev) {
+  Completions done;
+  bool ok = true;
+  if (ev & EPOLLOUT) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) FlushLocked(done);
+    ok = !broken_;
+  }
+  if (ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) ok = ReadResponses(done);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ && sendq_.empty() && inflight_.empty()) drained_cv_.notify_all();
+  }
+  for (auto& [t, s] : done) t->PartDone(s);
+  if (!ok) {
+    Status why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = broken_reason_.ok() ? Status::NotConnected("tcp lane to " + engine_ + " closed")
+                                : broken_reason_;
+    }
+    Fail(why);
+  }
+}
+
+// ---- TcpChannel -------------------------------------------------------------
+
+void TcpChannel::Close(net::Deadline drain_until) {
+  if (closed_.exchange(true)) return;
+  // Pieces already sent are answered before the lanes close (until
+  // drain_until); after that the lanes are abandoned and the target drops
+  // what it has not applied (ServerLane::Abandoned).
+  for (auto& l : lanes_)
+    l->Drain(Status::NotConnected("link to " + engine_ + " was closed"), drain_until);
+}
+
+void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
+  (void)caller_waits;
+  const size_t slice = std::clamp<size_t>(ctx_.tcp_slice_size, 4096, kMaxSlice);
+  size_t count = 0;
+  for (const auto& s : t->slices) count += (s.len + slice - 1) / slice;
+  t->SetParts(static_cast<int>(count));
+  if (closed_.load()) {
+    for (size_t i = 0; i < count; ++i)
+      t->PartDone(Status::NotConnected("link to " + engine_ + " was closed"));
+    return;
+  }
+  std::vector<std::vector<Piece>> per_lane(lanes_.size());
+  size_t lane = rr_.fetch_add(1) % lanes_.size();
+  const uint8_t op = t->op == TransferOp::WRITE ? kOpWrite : kOpRead;
+  for (const auto& s : t->slices) {
+    for (size_t off = 0; off < s.len; off += slice) {
+      size_t len = std::min(slice, s.len - off);
+      Piece p;
+      p.t = t;
+      p.hdr = ReqHdr{kReqMagic, op, {0, 0, 0}, 0, s.remote + off, len};
+      p.local = reinterpret_cast<char*>(s.local + off);
+      p.len = len;
+      per_lane[lane].push_back(std::move(p));
+      lane = (lane + 1) % lanes_.size();
+    }
+  }
+  // A stop (deadline, cancel) drops what has not gone out yet; pieces on the
+  // wire are answered in order, so the transfer ends once the last of them is.
+  std::vector<std::weak_ptr<ClientLane>> used;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!per_lane[i].empty()) used.push_back(lanes_[i]);
+  }
+  t->SetStopHook([used] {
+    for (const auto& w : used) {
+      if (auto l = w.lock()) l->PurgeStopped();
+    }
+  });
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!per_lane[i].empty()) lanes_[i]->Enqueue(per_lane[i]);
+  }
+}
+
+}  // namespace hixl::transport::tcp

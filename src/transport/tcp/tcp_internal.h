@@ -1,0 +1,341 @@
+// Internal declarations of the tcp transport, shared by its files:
+//   tcp_wire.{h,cc}   the data-lane wire format and its pure checks
+//   tcp_target.cc     ServerLane: the target side of one data lane
+//   tcp_initiator.cc  ClientLane and TcpChannel: the initiator side
+//   tcp_transport.cc  TcpTransport: listening, tokens, connecting, registration
+// plus what both lane sides use: the buffered header reader (Inbound), the
+// I/O limits, and the TSan guard for payload socket calls.
+// Thread safety: every lane is driven by one EventLoop thread; what other
+// threads may call is noted at each class.
+#ifndef HIXL_TRANSPORT_TCP_TCP_INTERNAL_H_
+#define HIXL_TRANSPORT_TCP_TCP_INTERNAL_H_
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/event_loop.h"
+#include "transport/tcp/tcp_wire.h"
+#include "transport/transport.h"
+
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
+
+namespace hixl::transport::tcp {
+
+// Socket calls that move payload bytes into or out of registered or caller
+// memory are ordered with the application's own accesses by the protocol
+// (a piece completes only after the peer's answer), through the kernel,
+// where ThreadSanitizer cannot see it. Under TSan those calls' memory
+// accesses are not tracked; everywhere else this is empty.
+struct [[maybe_unused]] PayloadAccess {
+#if defined(__SANITIZE_THREAD__)
+  PayloadAccess() { __tsan_ignore_thread_begin(); }
+  ~PayloadAccess() { __tsan_ignore_thread_end(); }
+#endif
+};
+
+constexpr size_t kStaging = 64u << 10;  // header reads; payloads go direct
+constexpr size_t kMaxIov = 64;
+constexpr size_t kFairnessBytes = 8u << 20;  // per event, so lanes share a thread
+constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
+// Accepted data connections that have not sent a valid hello yet, at most.
+constexpr size_t kMaxPendingLanes = 1024;
+// A lane checks whether its initiator abandoned it (closed it without waiting
+// for answers: it declared this engine dead) when this long has passed since
+// the last check, e.g. after this process was stopped or starved.
+constexpr auto kAliveCheckInterval = std::chrono::milliseconds(2);
+
+// Buffered reader for headers; payloads are moved by the caller, first from
+// what is buffered, then straight from the socket into their destination.
+// Thread safety: none (one lane's loop thread).
+class Inbound {
+ public:
+  Inbound() : buf_(kStaging) {}
+  size_t avail() const { return end_ - beg_; }
+  const uint8_t* data() const { return buf_.data() + beg_; }
+  std::span<const uint8_t> bytes() const { return {data(), avail()}; }
+  void Consume(size_t n) {
+    beg_ += n;
+    if (beg_ == end_) beg_ = end_ = 0;
+  }
+  // >0: bytes read; 0: peer closed; -1: would block; -2: error (errno set).
+  ssize_t Fill(int fd) {
+    if (beg_ > 0 && end_ == buf_.size()) {
+      std::memmove(buf_.data(), buf_.data() + beg_, end_ - beg_);
+      end_ -= beg_;
+      beg_ = 0;
+    }
+    ssize_t r = ::recv(fd, buf_.data() + end_, buf_.size() - end_, MSG_DONTWAIT);
+    if (r > 0) end_ += static_cast<size_t>(r);
+    return Result(r);
+  }
+  // Moves up to n payload bytes into dst.
+  ssize_t Payload(int fd, char* dst, size_t n) {
+    if (avail() > 0) {
+      size_t k = std::min(n, avail());
+      std::memcpy(dst, data(), k);
+      Consume(k);
+      return static_cast<ssize_t>(k);
+    }
+    return Result(::recv(fd, dst, n, MSG_DONTWAIT));
+  }
+
+ private:
+  static ssize_t Result(ssize_t r) {
+    if (r >= 0) return r;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return -1;
+    return -2;
+  }
+  std::vector<uint8_t> buf_;
+  size_t beg_ = 0, end_ = 0;
+};
+
+class TcpTransport;
+
+// ---- target side: one data connection from an initiator (tcp_target.cc) ----
+
+// Reads the lane hello, then request headers, validating each with the
+// tcp_wire checks before any byte moves; WRITE payloads are received straight
+// into registered memory, READ replies are sent straight from it, in order.
+// Thread safety: everything runs on the lane's loop thread, except Close,
+// which may be called from any thread (it posts to the loop).
+class ServerLane : public std::enable_shared_from_this<ServerLane> {
+ public:
+  ServerLane(TcpTransport* tp, EventLoop* loop, net::Fd fd)
+      : tp_(tp), loop_(loop), fd_(std::move(fd)) {}
+  void Start() {
+    auto self = shared_from_this();
+    loop_id_ =
+        loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, [self](uint32_t ev) { self->OnEvent(ev); });
+  }
+  void Close(const std::string& why, bool warn);
+  // Any thread: closes the lane unless its hello has been accepted by now.
+  void CloseIfNoHello(const std::string& why);
+  // Any thread: its hello was accepted.
+  bool proven() const { return proven_.load(std::memory_order_acquire); }
+  uint64_t conn_id() const { return conn_id_; }
+  EventLoop* loop() const { return loop_; }
+  // Loop thread: closes the lane if it still has bytes to move into or out
+  // of [addr, addr+len) (a region being deregistered).
+  void Revoke(uintptr_t addr, size_t len);
+
+ private:
+  struct Out {
+    RespHdr hdr;
+    const char* data;
+    size_t len;
+    size_t off;  // over header + payload
+  };
+  void OnEvent(uint32_t ev);
+  bool Process();  // false: closed
+  // One lane hello (kLaneHelloSize bytes buffered). False: refused, closed.
+  bool OnHello();
+  // True (and the lane closed) when the initiator has hung up: it gave the
+  // lane up, so nothing still queued on it may be applied.
+  bool Abandoned(bool force);
+  bool OnHeader(const ReqHdr& h);
+  void Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len);
+  bool Flush();
+  void UpdateEvents();
+
+  TcpTransport* tp_;
+  EventLoop* loop_;
+  net::Fd fd_;
+  uint64_t loop_id_ = 0;
+  uint64_t conn_id_ = 0;
+  bool hello_done_ = false;
+  std::atomic<bool> proven_{false};  // hello_done_, readable from other threads
+  bool closed_ = false;
+  bool closing_ = false;  // after a refused request: send what is queued, then close
+  std::string closing_why_;
+  Inbound in_;
+  char* dst_ = nullptr;  // WRITE payload destination, while receiving it
+  size_t left_ = 0;
+  ReqHdr cur_{};
+  std::deque<Out> outq_;
+  size_t out_bytes_ = 0;
+  uint32_t events_ = EPOLLIN | EPOLLRDHUP;
+  std::chrono::steady_clock::time_point last_alive_check_ = std::chrono::steady_clock::now();
+};
+
+// ---- initiator side: one data connection to a target (tcp_initiator.cc) ----
+
+struct Piece {
+  std::shared_ptr<Transfer> t;  // null once detached: a stopped READ whose answer is discarded
+  ReqHdr hdr;
+  char* local;
+  size_t len;
+  size_t off = 0;  // bytes sent of header + (WRITE) payload
+};
+using Completions = std::vector<std::pair<std::shared_ptr<Transfer>, Status>>;
+
+// Sends pieces (request header + WRITE payload) and receives their answers
+// in order. Thread safety: Enqueue, Fail, PurgeStopped and Drain may be
+// called from any thread (mu_ guards the queues); receiving runs on the
+// lane's loop thread. Pieces end (Transfer::PartDone) outside mu_.
+class ClientLane : public std::enable_shared_from_this<ClientLane> {
+ public:
+  ClientLane(EventLoop* loop, net::Fd fd, std::string engine)
+      : loop_(loop), fd_(std::move(fd)), engine_(std::move(engine)) {}
+  bool Start() {
+    auto self = shared_from_this();
+    return loop_->Post([self] {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      if (self->broken_) return;
+      self->loop_id_ = self->loop_->Add(self->fd_.get(), self->events_,
+                                        [self](uint32_t ev) { self->OnEvent(ev); });
+      self->registered_ = true;
+    });
+  }
+  void Enqueue(std::vector<Piece>& pieces);
+  // Breaks the lane: every piece ends with why, on the lane's loop thread
+  // (so none ends while its reply is being received), and the socket closes.
+  void Fail(const Status& why);
+  // Drops pieces not yet begun whose transfer was told to stop, and (on the
+  // loop thread) detaches its READ pieces on the wire: their answers will be
+  // received into a scratch buffer, never into the caller's memory, so the
+  // transfer need not wait for them.
+  void PurgeStopped();
+  // Sends nothing new (unsent pieces fail with why), waits until every piece
+  // already on the wire is answered or the deadline passes, then fails the
+  // rest and closes. The target answers a lane in order, so once the last
+  // piece sent is answered none of them can touch memory any more.
+  void Drain(const Status& why, net::Deadline deadline);
+  // Any thread: OK, or why the lane broke.
+  Status Health() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_ ? broken_reason_ : Status::Ok();
+  }
+
+ private:
+  void OnEvent(uint32_t ev);
+  void FailNow();
+  void DetachStoppedReads();
+  void FlushLocked(Completions& done);
+  void SetEventsLocked(uint32_t ev);
+  bool ReadResponses(Completions& done);
+
+  EventLoop* loop_;
+  std::mutex mu_;
+  net::Fd fd_;
+  std::string engine_;
+  uint64_t loop_id_ = 0;
+  bool registered_ = false;
+  bool broken_ = false;
+  bool draining_ = false;
+  std::condition_variable drained_cv_;
+  Status broken_reason_;
+  uint32_t events_ = EPOLLIN | EPOLLRDHUP;
+  uint64_t next_seq_ = 1;
+  std::deque<Piece> sendq_;
+  std::deque<Piece> inflight_;
+  // Receive state (loop thread only).
+  Inbound in_;
+  char* rdst_ = nullptr;  // nullptr while rleft_ > 0: discard (detached piece)
+  size_t rleft_ = 0;
+  std::vector<char> sink_;
+};
+
+// A link to one target: its lanes, over which each transfer's slices are
+// striped. Thread safety: Submit and Close may be called from any thread.
+class TcpChannel final : public Channel {
+ public:
+  TcpChannel(const TransportContext& ctx, std::string engine,
+             std::vector<std::shared_ptr<ClientLane>> lanes)
+      : ctx_(ctx), engine_(std::move(engine)), lanes_(std::move(lanes)) {}
+  ~TcpChannel() override { Close(net::Clock::now()); }
+  LinkType link_type() const override { return LinkType::TCP; }
+  Status PrepareRegion(memory::RemoteRegion&) override { return Status::Ok(); }
+  void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
+  void Close(net::Deadline drain_until) override;
+  Status Health() const override {
+    for (const auto& l : lanes_) {
+      if (Status s = l->Health(); !s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  TransportContext ctx_;
+  std::string engine_;
+  std::vector<std::shared_ptr<ClientLane>> lanes_;
+  std::atomic<bool> closed_{false};
+  std::atomic<size_t> rr_{0};
+};
+
+// ---- the transport (tcp_transport.cc) ---------------------------------------
+
+// Thread safety: the Transport methods may be called from any thread;
+// CheckToken is called by ServerLanes on their loop threads (mu_ guards the
+// token and lane tables).
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TransportContext& ctx) : ctx_(ctx) {}
+  ~TcpTransport() override { Stop(); }
+  const char* name() const override { return "tcp"; }
+  LinkType link_type() const override { return LinkType::TCP; }
+  Status Start() override;
+  void Stop() override;
+  void DescribeForPeer(uint64_t conn_id, const auth::Key* link_key, wire::Msg& info) override;
+  void ForgetPeer(uint64_t conn_id) override;
+  void RevokeRegion(uintptr_t addr, size_t len) override;
+  bool CanReach(const PeerInfo& peer, std::string& why) const override;
+  Status Connect(const PeerInfo& peer, net::Deadline deadline,
+                 std::unique_ptr<Channel>& out) override;
+
+  // Target-side services for ServerLane (loop threads). CheckToken: whether
+  // a lane hello's token and generation (and, on an authenticated link, its
+  // tag and unused lane index) admit the lane; if so, sets conn_id to the
+  // control connection it belongs to and records the lane under it.
+  bool CheckToken(const LaneHello& h, uint64_t& conn_id, const std::shared_ptr<ServerLane>& lane);
+  memory::LocalRegions* regions() const { return ctx_.regions; }
+
+ private:
+  void OnAccept();
+  // Loop 0: closes accepted lanes that sent no valid hello in time.
+  void ExpireHellos();
+
+  TransportContext ctx_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+  std::atomic<size_t> next_loop_{0};
+  net::Fd listen_;
+  int data_port_ = 0;
+  std::mutex mu_;
+  struct TokenInfo {
+    uint64_t conn_id = 0;     // the control connection the token was handed to
+    bool keyed = false;       // that link authenticated: lanes must carry its tag
+    auth::Key key{};
+    uint64_t used_lanes = 0;  // lane indexes already admitted (keyed links)
+  };
+  std::unordered_map<uint64_t, TokenInfo> tokens_;  // token -> its link
+  // Lanes accepted but not yet proven (loop 0 only), oldest first: each must
+  // send a valid hello within handshake_timeout_ms, and at most
+  // kMaxPendingLanes wait at once (a flood of idle connections is refused).
+  struct PendingLane {
+    std::chrono::steady_clock::time_point deadline;
+    std::weak_ptr<ServerLane> lane;
+  };
+  std::deque<PendingLane> pending_;
+  std::unordered_map<uint64_t, std::vector<std::weak_ptr<ServerLane>>> lanes_;
+};
+
+}  // namespace hixl::transport::tcp
+
+#endif  // HIXL_TRANSPORT_TCP_TCP_INTERNAL_H_
