@@ -43,6 +43,8 @@
 //                              | ERR badmsg <name> <msg> | ERR timeout got <k>
 //   gen                        -> OK <Generation()>
 //   peergen ENGINE             -> OK <GetPeerGeneration(ENGINE)>
+//   connstatus ENGINE          GetConnectStatus -> OK <CONNECTED|CONNECTING|
+//                              NOT_CONNECTED|FAILED> [reason]
 //   engine                     -> OK <LocalEngine()>
 //   ping                       -> OK pong
 //   quit                       Finalize, reply OK, exit 0
@@ -448,6 +450,24 @@ class Peer {
       hixl::Status s = engine.GetPeerGeneration(eng, g);
       if (!s.ok()) return Reply(Err(s)), true;
       return Reply("OK " + std::to_string(g)), true;
+    }
+    if (cmd == "connstatus") {
+      std::string eng;
+      in >> eng;
+      hixl::ConnectStatus cs = hixl::ConnectStatus::FAILED;
+      hixl::Status why;
+      hixl::Status s = engine.GetConnectStatus(eng, cs, &why);
+      if (!s.ok()) return Reply(Err(s)), true;
+      const char* n = "FAILED";
+      switch (cs) {
+        case hixl::ConnectStatus::NOT_CONNECTED: n = "NOT_CONNECTED"; break;
+        case hixl::ConnectStatus::CONNECTING: n = "CONNECTING"; break;
+        case hixl::ConnectStatus::CONNECTED: n = "CONNECTED"; break;
+        case hixl::ConnectStatus::FAILED: n = "FAILED"; break;
+      }
+      std::string out = std::string("OK ") + n;
+      if (!why.ok()) out += " " + why.ToString();
+      return Reply(out), true;
     }
     Reply("ERR unknown command: " + cmd);
     return true;

@@ -128,7 +128,17 @@ void EventLoop::Run() {
                                        next_tick - net::Clock::now())
                                        .count());
     if (timeout < 0) timeout = 0;
+    const auto before = net::Clock::now();
     int n = epoll_wait(epoll_.get(), events, 64, timeout);
+    const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
+        net::Clock::now() - before - std::chrono::milliseconds(timeout));
+    // A stop signal ends the wait with EINTR once the process continues: the
+    // lateness counts for the handlers of the next wake.
+    carried_late_ = std::max(carried_late_, late);
+    if (n >= 0) {
+      lateness_ = std::max(std::chrono::milliseconds(0), carried_late_);
+      carried_late_ = std::chrono::milliseconds(0);
+    }
     if (n < 0 && errno != EINTR) {
       HIXL_LOG(ERROR) << "epoll_wait failed: " << std::strerror(errno);
       break;

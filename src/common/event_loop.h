@@ -45,6 +45,10 @@ class EventLoop {
   // thread-safe; the caller guarantees fd is still registered).
   void ModifyFd(int fd, uint64_t id, uint32_t events);
   void Remove(uint64_t id);
+  // Loop thread only, inside a handler: how much later than it should have
+  // this loop woke up this time (0 normally; large after the process was
+  // stopped or starved while the loop waited).
+  std::chrono::milliseconds Lateness() const { return lateness_; }
   // Loop thread only: how often the ticker runs from now on.
   void SetTickInterval(int interval_ms) { tick_ms_ = interval_ms; }
 
@@ -68,6 +72,8 @@ class EventLoop {
   uint64_t next_id_ = 1;
   std::function<void()> ticker_;
   int tick_ms_ = 100;
+  std::chrono::milliseconds lateness_{0};
+  std::chrono::milliseconds carried_late_{0};
 };
 
 }  // namespace hixl

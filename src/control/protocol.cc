@@ -198,6 +198,13 @@ Status DecodeRegionDelAck(const wire::Msg& m, uint64_t& seq) {
   return Status::Ok();
 }
 
+wire::Msg EncodeLaneFence(uint64_t seq) { return {{"t", "lfence"}, {"seq", seq}}; }
+wire::Msg EncodeLaneFenced(uint64_t seq) { return {{"t", "lfenced"}, {"seq", seq}}; }
+Status DecodeLaneFenceSeq(const wire::Msg& m, uint64_t& seq) {
+  if (!wire::GetU64(m, "seq", seq)) return Status::ParamInvalid("malformed lane fence");
+  return Status::Ok();
+}
+
 namespace {
 bool GetBytes(const wire::Msg& m, const char* key, std::string& out, size_t max_len) {
   auto it = m.find(key);

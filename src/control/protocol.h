@@ -19,6 +19,8 @@
 //   initiator -> target: rdel_ack {seq}               no transfer uses them any more
 //   initiator -> target: notify   {seq, n, m}         a notification (n, m: bytes)
 //   target -> initiator: nack      {seq, code, why}    notify answered: queued (code 0) or refused
+//   initiator -> target: lfence    {seq}              close this link's data lanes now
+//   target -> initiator: lfenced   {seq}              done: nothing more lands from them
 //   either way:          hb       {}                  heartbeat, sent when a link is otherwise idle
 //   either way:          bye      {}
 //
@@ -116,6 +118,11 @@ Status DecodeNotify(const wire::Msg& m, uint64_t& seq, std::string& name, std::s
 // code is a StatusCode value; 0 = queued.
 wire::Msg EncodeNotifyAck(uint64_t seq, uint32_t code, const std::string& why);
 Status DecodeNotifyAck(const wire::Msg& m, uint64_t& seq, uint32_t& code, std::string& why);
+
+// A lane fence (lfence) and its answer (lfenced).
+wire::Msg EncodeLaneFence(uint64_t seq);
+wire::Msg EncodeLaneFenced(uint64_t seq);
+Status DecodeLaneFenceSeq(const wire::Msg& m, uint64_t& seq);
 
 wire::Msg EncodeHeartbeat();
 wire::Msg EncodeBye();

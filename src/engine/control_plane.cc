@@ -253,6 +253,13 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
   }
   if (c.accepted) {
     if (type == "notify") return HandleNotify(c, m);
+    if (type == "lfence") {
+      uint64_t seq = 0;
+      if (Status s = control::DecodeLaneFenceSeq(m, seq); !s.ok()) return s;
+      for (auto& t : transports_) t->FenceLanes(c.id);
+      Send(c, control::EncodeLaneFenced(seq));
+      return Status::Ok();
+    }
     if (type == "rdel_ack") {
       uint64_t seq = 0;
       if (Status s = control::DecodeRegionDelAck(m, seq); !s.ok()) return s;
@@ -269,6 +276,22 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     std::vector<control::RegionDesc> regions;
     if (Status s = control::DecodeRegionAdd(m, regions); !s.ok()) return s;
     AddRemoteRegions(*c.peer, regions);
+    return Status::Ok();
+  }
+  if (type == "lfenced") {
+    uint64_t seq = 0;
+    if (Status s = control::DecodeLaneFenceSeq(m, seq); !s.ok()) return s;
+    std::function<void(Status)> done;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_notifies_.find(seq);
+      if (it == pending_notifies_.end() || it->second.tx != c.tx || !it->second.fence) {
+        return Status::Ok();  // already ended (bound passed)
+      }
+      done = std::move(it->second.done);
+      pending_notifies_.erase(it);
+    }
+    done(Status::Ok());
     return Status::Ok();
   }
   if (type == "nack") {
@@ -368,8 +391,10 @@ void Hixl::Impl::OnTick() {
       continue;
     }
     if (c->peer && c->peer->alive.load(std::memory_order_acquire)) {
-      // A link whose data connection broke cannot move bytes: it is lost.
-      if (Status h = c->peer->channel->Health(); !h.ok()) {
+      c->peer->channel->Poll();
+      // A link whose data connection broke cannot move bytes: it is lost
+      // (once the target confirmed the broken lanes are fenced).
+      if (Status h = c->peer->channel->Health(); !h.ok() && !FencePending(c->tx.get())) {
         drop.emplace_back(id, "its data connection failed (" + h.message() + ")");
         continue;
       }

@@ -75,6 +75,8 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.copy_threads = opts_.copy_threads;
   ctx.listen_host = hp.host;
   ctx.handshake_timeout_ms = opts_.handshake_timeout_ms;
+  ctx.hb_bound_ms = opts_.hb_interval_ms * opts_.hb_misses;
+  ctx.hb_interval_ms = opts_.hb_interval_ms;
   ctx.tcp_lanes = opts_.tcp_lanes;
   ctx.tcp_slice_size = opts_.tcp_slice_size;
   ctx.tcp_io_threads = opts_.tcp_io_threads;
@@ -455,6 +457,9 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   info.host_id = w.host;
   info.pid = w.pid;
   info.link_key = link_key ? &*link_key : nullptr;
+  info.fence = [this, weak = std::weak_ptr<Peer>(peer)](std::function<void()> done) {
+    PostLaneFence(weak.lock(), std::move(done));
+  };
   std::string reasons;
   for (auto& t : transports_) {
     if (opts_.link != LinkType::AUTO && t->link_type() != opts_.link) continue;
@@ -944,6 +949,42 @@ void Hixl::Impl::PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc&
     }
   }
   if (fail) fail(Status::NotConnected("link to " + peer->name + " was lost"));
+}
+
+void Hixl::Impl::PostLaneFence(const std::shared_ptr<Peer>& peer, std::function<void()> done) {
+  std::shared_ptr<Tx> tx = peer ? peer->tx : nullptr;
+  if (!tx) {
+    done();  // the link is gone (its connection closed the target's lanes)
+    return;
+  }
+  const uint64_t seq = next_notify_seq_.fetch_add(1, std::memory_order_relaxed);
+  auto end = [done = std::move(done)](Status) mutable {
+    if (done) done();
+    done = nullptr;
+  };
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_notifies_[seq] = PendingNotify{
+        tx, net::DeadlineAfterMs(opts_.hb_interval_ms * opts_.hb_misses), end, /*fence=*/true};
+  }
+  if (SendFrame(*tx, wire::EncodeFrame(control::EncodeLaneFence(seq)))) return;
+  std::function<void(Status)> fail;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (auto it = pending_notifies_.find(seq); it != pending_notifies_.end()) {
+      fail = std::move(it->second.done);
+      pending_notifies_.erase(it);
+    }
+  }
+  if (fail) fail(Status::Ok());
+}
+
+bool Hixl::Impl::FencePending(const Tx* tx) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  for (const auto& [seq, p] : pending_notifies_) {
+    if (p.fence && p.tx.get() == tx) return true;
+  }
+  return false;
 }
 
 void Hixl::Impl::FailPendingNotifies(const Tx* tx, const Status& why) {

@@ -145,6 +145,7 @@ class Hixl::Impl {
     std::shared_ptr<Tx> tx;  // the link it went out on
     net::Deadline deadline;
     std::function<void(Status)> done;
+    bool fence = false;  // a lane fence (lfence) rather than a notification
   };
   struct ConnectAttempt {
     ConnectStatus state = ConnectStatus::CONNECTING;
@@ -216,6 +217,10 @@ class Hixl::Impl {
   void OnTick();
   void TightenTick(int hb_ms);
   void FailPendingNotifies(const Tx* tx, const Status& why);  // nullptr: all
+  // Sends lfence on peer's control connection; done runs once the target
+  // answered, the link closed, or the heartbeat bound passed.
+  void PostLaneFence(const std::shared_ptr<Peer>& peer, std::function<void()> done);
+  bool FencePending(const Tx* tx);
   Status HandleNotify(Conn& c, const wire::Msg& m);
 
   Options opts_;

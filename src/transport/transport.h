@@ -40,6 +40,13 @@ struct PeerInfo {
   // The link's key when it authenticated (auth/auth.h): the transport binds
   // its own connections to it. Null: an unauthenticated link.
   const auth::Key* link_key = nullptr;
+  // Asks the target, over the link's control connection, to close this
+  // link's data connections, and calls done once it confirmed (or the link
+  // is gone, or the heartbeat bound passed). A transport whose bytes may
+  // still be on their way to the target when it gives up a connection ends
+  // those transfers only from done, so nothing lands after they ended.
+  // Never blocks; done may run on another thread.
+  std::function<void(std::function<void()> done)> fence;
 };
 
 // Engine services a transport may use. Pointers outlive the transport.
@@ -53,6 +60,12 @@ struct TransportContext {
   // How long an accepted connection may take to prove it belongs to a link
   // (HandshakeTimeoutMs): the control handshake, a data connection's hello.
   int handshake_timeout_ms = 5000;
+  // HeartbeatIntervalMs x HeartbeatMisses: how long peers wait before they
+  // give this engine up. A target that could not run for that long fences
+  // its data connections (peers have declared it dead); an initiator waits
+  // about that long for answers of a stopped transfer before resetting.
+  int hb_bound_ms = 3000;
+  int hb_interval_ms = 1000;
   int tcp_lanes = 2;
   size_t tcp_slice_size = 1u << 20;
   int tcp_io_threads = 2;
@@ -79,6 +92,9 @@ class Channel {
   // data connections was reset). The engine then drops the link, so the
   // application sees it lost and can connect again.
   virtual Status Health() const { return Status::Ok(); }
+  // Called by the engine's control loop every tick: lets the transport end
+  // what a stop left waiting (e.g. answers that never come).
+  virtual void Poll() {}
 };
 
 class Transport {
@@ -94,6 +110,9 @@ class Transport {
   // connections that prove they hold it.
   virtual void DescribeForPeer(uint64_t conn_id, const auth::Key* link_key, wire::Msg& info) = 0;
   virtual void ForgetPeer(uint64_t conn_id) = 0;
+  // Target side: closes the data connections of conn_id's link and returns
+  // once none of them can move another byte (PeerInfo::fence's far end).
+  virtual void FenceLanes(uint64_t conn_id) { (void)conn_id; }
   // Target side: [addr, addr+len) is no longer registered. Returns once no
   // thread of this transport can still move bytes into or out of it.
   virtual void RevokeRegion(uintptr_t addr, size_t len) {

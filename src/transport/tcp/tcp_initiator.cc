@@ -130,6 +130,7 @@ void ClientLane::Fail(const Status& why) {
 
 void ClientLane::FailNow() {
   Completions done;
+  Completions fenced;  // WRITE pieces whose bytes may be on their way
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (fd_.valid() && (!sendq_.empty() || !inflight_.empty())) {
@@ -140,10 +141,13 @@ void ClientLane::FailNow() {
       setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     }
     for (auto& p : sendq_) {
-      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+      if (!p.t) continue;
+      (p.off > 0 && p.hdr.op == kOpWrite ? fenced : done).emplace_back(std::move(p.t),
+                                                                      broken_reason_);
     }
     for (auto& p : inflight_) {
-      if (p.t) done.emplace_back(std::move(p.t), broken_reason_);
+      if (!p.t) continue;
+      (p.hdr.op == kOpWrite ? fenced : done).emplace_back(std::move(p.t), broken_reason_);
     }
     sendq_.clear();
     inflight_.clear();
@@ -154,6 +158,43 @@ void ClientLane::FailNow() {
   }
   drained_cv_.notify_all();
   for (auto& [t, s] : done) t->PartDone(s);
+  if (fenced.empty()) return;
+  // The target may not have applied everything these pieces sent yet: they
+  // end once it confirmed that this link's lanes are closed.
+  auto end = [fenced = std::move(fenced)]() mutable {
+    for (auto& [t, s] : fenced) t->PartDone(s);
+    fenced.clear();
+  };
+  if (fence_) {
+    fence_(std::move(end));
+  } else {
+    end();
+  }
+}
+
+void ClientLane::Poll() {
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    bool waiting = false;
+    for (const auto& p : inflight_) waiting = waiting || (p.t && p.t->StopRequested());
+    if (!sendq_.empty() && sendq_.front().off > 0 && sendq_.front().t &&
+        sendq_.front().t->StopRequested()) {
+      waiting = true;
+    }
+    if (!waiting) {
+      stop_seen_.reset();
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!stop_seen_) stop_seen_ = now;
+    if (now - *stop_seen_ < stop_grace_) return;
+    why = Status::Timeout("tcp lane to " + engine_ + ": no answer " +
+                          std::to_string(stop_grace_.count()) +
+                          " ms after the transfer was stopped; the lane was reset");
+  }
+  Fail(why);
 }
 
 void ClientLane::DetachStoppedReads() {

@@ -22,7 +22,9 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -192,8 +194,16 @@ using Completions = std::vector<std::pair<std::shared_ptr<Transfer>, Status>>;
 // lane's loop thread. Pieces end (Transfer::PartDone) outside mu_.
 class ClientLane : public std::enable_shared_from_this<ClientLane> {
  public:
-  ClientLane(EventLoop* loop, net::Fd fd, std::string engine)
-      : loop_(loop), fd_(std::move(fd)), engine_(std::move(engine)) {}
+  // fence: PeerInfo::fence (may be empty); stop_grace_ms: how long answers
+  // of a stopped transfer's pieces on the wire are awaited before the lane
+  // is reset (Poll).
+  ClientLane(EventLoop* loop, net::Fd fd, std::string engine,
+             std::function<void(std::function<void()>)> fence, int stop_grace_ms)
+      : loop_(loop),
+        fd_(std::move(fd)),
+        engine_(std::move(engine)),
+        fence_(std::move(fence)),
+        stop_grace_(stop_grace_ms) {}
   bool Start() {
     auto self = shared_from_this();
     return loop_->Post([self] {
@@ -218,6 +228,9 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   // rest and closes. The target answers a lane in order, so once the last
   // piece sent is answered none of them can touch memory any more.
   void Drain(const Status& why, net::Deadline deadline);
+  // Any thread (the engine's control loop): resets the lane when a stopped
+  // transfer's pieces on the wire stayed unanswered for stop_grace_ms.
+  void Poll();
   // Any thread: OK, or why the lane broke.
   Status Health() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,6 +249,9 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   std::mutex mu_;
   net::Fd fd_;
   std::string engine_;
+  std::function<void(std::function<void()>)> fence_;
+  std::chrono::milliseconds stop_grace_;
+  std::optional<std::chrono::steady_clock::time_point> stop_seen_;  // a stopped piece waits
   uint64_t loop_id_ = 0;
   bool registered_ = false;
   bool broken_ = false;
@@ -266,10 +282,14 @@ class TcpChannel final : public Channel {
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
   void Close(net::Deadline drain_until) override;
   Status Health() const override {
+    if (closed_.load()) return Status::Ok();  // being closed on purpose: not a failure
     for (const auto& l : lanes_) {
       if (Status s = l->Health(); !s.ok()) return s;
     }
     return Status::Ok();
+  }
+  void Poll() override {
+    for (const auto& l : lanes_) l->Poll();
   }
 
  private:
@@ -296,6 +316,7 @@ class TcpTransport final : public Transport {
   void DescribeForPeer(uint64_t conn_id, const auth::Key* link_key, wire::Msg& info) override;
   void ForgetPeer(uint64_t conn_id) override;
   void RevokeRegion(uintptr_t addr, size_t len) override;
+  void FenceLanes(uint64_t conn_id) override;
   bool CanReach(const PeerInfo& peer, std::string& why) const override;
   Status Connect(const PeerInfo& peer, net::Deadline deadline,
                  std::unique_ptr<Channel>& out) override;
@@ -306,9 +327,21 @@ class TcpTransport final : public Transport {
   // control connection it belongs to and records the lane under it.
   bool CheckToken(const LaneHello& h, uint64_t& conn_id, const std::shared_ptr<ServerLane>& lane);
   memory::LocalRegions* regions() const { return ctx_.regions; }
+  // How long a lane's loop may have been unable to run before the lane is
+  // fenced: a peer gives this engine up `bound` after the last heartbeat it
+  // heard, which this engine sent at most one interval before it stopped,
+  // and a loop notices a stop only at its next wake (at most one tick, 100
+  // ms, late); at least half the bound.
+  std::chrono::milliseconds stall_fence() const {
+    return std::chrono::milliseconds(
+        std::max(ctx_.hb_bound_ms / 2, ctx_.hb_bound_ms - ctx_.hb_interval_ms - 100));
+  }
 
  private:
   void OnAccept();
+  // Runs fn on each lane's loop thread; returns once all have run.
+  void OnLaneLoops(const std::vector<std::shared_ptr<ServerLane>>& lanes,
+                   const std::function<void(ServerLane&)>& fn);
   // Loop 0: closes accepted lanes that sent no valid hello in time.
   void ExpireHellos();
 

@@ -88,6 +88,26 @@ void TcpTransport::RevokeRegion(uintptr_t addr, size_t len) {
       }
     }
   }
+  OnLaneLoops(lanes, [addr, len](ServerLane& l) { l.Revoke(addr, len); });
+}
+
+void TcpTransport::FenceLanes(uint64_t conn_id) {
+  std::vector<std::shared_ptr<ServerLane>> lanes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = lanes_.find(conn_id); it != lanes_.end()) {
+      for (auto& w : it->second) {
+        if (auto l = w.lock()) lanes.push_back(std::move(l));
+      }
+    }
+  }
+  OnLaneLoops(lanes, [](ServerLane& l) {
+    l.Close("its initiator fenced the link's lanes (it gave up a transfer)", false);
+  });
+}
+
+void TcpTransport::OnLaneLoops(const std::vector<std::shared_ptr<ServerLane>>& lanes,
+                               const std::function<void(ServerLane&)>& fn) {
   if (lanes.empty()) return;
   struct Latch {
     std::mutex mu;
@@ -101,8 +121,8 @@ void TcpTransport::RevokeRegion(uintptr_t addr, size_t len) {
     if (--latch->left == 0) latch->cv.notify_all();
   };
   for (auto& l : lanes) {
-    if (!l->loop()->Post([l, addr, len, count_down] {
-          l->Revoke(addr, len);
+    if (!l->loop()->Post([l, fn, count_down] {
+          fn(*l);
           count_down();
         })) {
       count_down();
@@ -143,7 +163,8 @@ Status TcpTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
     if (s.ok()) s = net::SetNonBlocking(fd.get(), true);
     if (!s.ok()) return Status(s.code(), "tcp lane to " + hp.ToString() + ": " + s.message());
     EventLoop* loop = loops_[(next_loop_++) % loops_.size()].get();
-    auto lane = std::make_shared<ClientLane>(loop, std::move(fd), peer.engine);
+    auto lane = std::make_shared<ClientLane>(loop, std::move(fd), peer.engine, peer.fence,
+                                             std::max(1000, ctx_.hb_bound_ms));
     if (!lane->Start()) return Status::Failed("engine is shutting down");
     lanes.push_back(std::move(lane));
   }
