@@ -43,73 +43,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMiB = 1024 * 1024;
 
-// Runs argv (argv[0] a full path) with stdout and stderr captured into *out;
-// returns the exit code, or -1 when it could not run or was killed after
-// timeout_ms.
-int RunCmd(const std::vector<std::string>& argv, std::string* out = nullptr, int timeout_ms = 10000) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return -1;
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargv;
-  for (auto& a : args) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(p[0]);
-    close(p[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull >= 0) dup2(devnull, 0);
-    dup2(p[1], 1);
-    dup2(p[1], 2);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(p[1]);
-  std::string text;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool timed_out = false;
-  for (;;) {
-    long left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd pfd{p[0], POLLIN, 0};
-    int r = poll(&pfd, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      timed_out = r == 0;
-      break;
-    }
-    char buf[4096];
-    ssize_t n = read(p[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  close(p[0]);
-  if (timed_out) kill(pid, SIGKILL);
-  int st = 0;
-  const auto reap_deadline = Clock::now() + std::chrono::seconds(5);
-  pid_t w = 0;
-  while ((w = waitpid(pid, &st, WNOHANG)) == 0 && Clock::now() < reap_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (w == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);  // SIGKILLed: the kernel reaps it promptly
-    timed_out = true;
-  }
-  if (out) *out = text;
-  if (timed_out || w < 0 || !WIFEXITED(st)) return -1;
-  return WEXITSTATUS(st);
-}
 
 std::string FindIp() {
   for (const char* c : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
@@ -140,12 +73,12 @@ class NetnsGuard {
   std::string AddNs(const std::string& tag, std::string* err) {
     const std::string name = Prefix() + tag;
     std::string out;
-    if (RunCmd({ip_, "netns", "add", name}, &out) != 0) {
+    if (hixl_test::RunCommand({ip_, "netns", "add", name}, &out) != 0) {
       *err = "ip netns add " + name + ": " + Trim(out);
       return "";
     }
     namespaces_.push_back(name);
-    if (RunCmd({ip_, "-n", name, "link", "set", "lo", "up"}, &out) != 0) {
+    if (hixl_test::RunCommand({ip_, "-n", name, "link", "set", "lo", "up"}, &out) != 0) {
       *err = "ip -n " + name + " link set lo up: " + Trim(out);
       return "";
     }
@@ -159,7 +92,7 @@ class NetnsGuard {
     const std::string ea = base + "a", eb = base + "b";
     const std::string net = "10.213." + std::to_string(k) + ".";
     std::string out;
-    if (RunCmd({ip_, "link", "add", ea, "type", "veth", "peer", "name", eb}, &out) != 0) {
+    if (hixl_test::RunCommand({ip_, "link", "add", ea, "type", "veth", "peer", "name", eb}, &out) != 0) {
       *err = "ip link add " + ea + " type veth: " + Trim(out);
       return false;
     }
@@ -173,7 +106,7 @@ class NetnsGuard {
         {ip_, "-n", b, "link", "set", eb, "up"},
     };
     for (const auto& s : steps) {
-      if (RunCmd(s, &out) != 0) {
+      if (hixl_test::RunCommand(s, &out) != 0) {
         std::string cmd;
         for (const auto& w : s) cmd += w + " ";
         *err = cmd + ": " + Trim(out);
@@ -188,7 +121,7 @@ class NetnsGuard {
     std::vector<std::string> argv = {ip_, "-n", ns, "route", "add"};
     argv.insert(argv.end(), route.begin(), route.end());
     std::string out;
-    if (RunCmd(argv, &out) != 0) {
+    if (hixl_test::RunCommand(argv, &out) != 0) {
       *err = "ip route add in " + ns + ": " + Trim(out);
       return false;
     }
@@ -199,11 +132,11 @@ class NetnsGuard {
     std::string out;
     for (const auto& l : root_links_) {
       // Gone already when it was moved into a namespace: ignore errors.
-      (void)RunCmd({ip_, "link", "del", l}, &out);
+      (void)hixl_test::RunCommand({ip_, "link", "del", l}, &out);
     }
     root_links_.clear();
     for (const auto& n : namespaces_) {
-      if (RunCmd({ip_, "netns", "del", n}, &out) != 0) {
+      if (hixl_test::RunCommand({ip_, "netns", "del", n}, &out) != 0) {
         ADD_FAILURE() << "ip netns del " << n << ": " << Trim(out);
       }
     }
@@ -214,7 +147,7 @@ class NetnsGuard {
   // processes that no longer run.
   static void RemoveStale(const std::string& ip) {
     std::string out;
-    if (RunCmd({ip, "netns", "list"}, &out) == 0) {
+    if (hixl_test::RunCommand({ip, "netns", "list"}, &out) == 0) {
       std::istringstream in(out);
       std::string line;
       while (std::getline(in, line)) {
@@ -223,12 +156,12 @@ class NetnsGuard {
         char tag[64];
         if (std::sscanf(name.c_str(), "hixl-%ld-%63s", &pid, tag) == 2 && !PidAlive(pid)) {
           std::string o;
-          int rc = RunCmd({ip, "netns", "del", name}, &o);
+          int rc = hixl_test::RunCommand({ip, "netns", "del", name}, &o);
           std::printf("[ info ] removed stale namespace %s (rc %d)\n", name.c_str(), rc);
         }
       }
     }
-    if (RunCmd({ip, "-o", "link", "show"}, &out) == 0) {
+    if (hixl_test::RunCommand({ip, "-o", "link", "show"}, &out) == 0) {
       std::istringstream in(out);
       std::string line;
       while (std::getline(in, line)) {
@@ -243,7 +176,7 @@ class NetnsGuard {
         if (std::sscanf(name.c_str(), "hx%ldv%d%c", &pid, &k, &side) == 3 &&
             (side == 'a' || side == 'b') && !PidAlive(pid)) {
           std::string o;
-          int rc = RunCmd({ip, "link", "del", name}, &o);
+          int rc = hixl_test::RunCommand({ip, "link", "del", name}, &o);
           std::printf("[ info ] removed stale link %s (rc %d)\n", name.c_str(), rc);
         }
       }
@@ -286,7 +219,7 @@ class MultiHostTest : public ::testing::Test {
       guard_->Cleanup();
       guard_.reset();
       std::string out;
-      if (RunCmd({ip_, "netns", "list"}, &out) == 0) {
+      if (hixl_test::RunCommand({ip_, "netns", "list"}, &out) == 0) {
         EXPECT_EQ(out.find(NetnsGuard::Prefix()), std::string::npos)
             << "namespaces of this test are left behind:\n" << out;
       }

@@ -380,4 +380,70 @@ const char* TransferStatusName(hixl::TransferStatus s) {
   return "UNKNOWN";
 }
 
+int RunCommand(const std::vector<std::string>& argv, std::string* out, int timeout_ms) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return -1;
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(p[1], 1);
+    dup2(p[1], 2);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(p[1]);
+  std::string text;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool timed_out = false;
+  for (;;) {
+    long left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{p[0], POLLIN, 0};
+    int r = poll(&pfd, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    char buf[4096];
+    ssize_t n = read(p[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(p[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int st = 0;
+  const auto reap_deadline = Clock::now() + std::chrono::seconds(5);
+  pid_t w = 0;
+  while ((w = waitpid(pid, &st, WNOHANG)) == 0 && Clock::now() < reap_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (w == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);  // SIGKILLed: the kernel reaps it promptly
+    timed_out = true;
+  }
+  if (out) *out = text;
+  if (timed_out || w < 0 || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
+}
+
 }  // namespace hixl_test

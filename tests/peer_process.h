@@ -205,6 +205,12 @@ hixl::TransferStatus WaitForEnd(hixl::Hixl& engine, hixl::TransferReq req, int t
                                 hixl::Status* call_status = nullptr,
                                 hixl::Status* reason = nullptr);
 
+// Runs argv (argv[0] a full path) with stdout and stderr captured into *out;
+// returns the exit code, or -1 when it could not run or was killed after
+// timeout_ms. The child dies with the test (PR_SET_PDEATHSIG).
+int RunCommand(const std::vector<std::string>& argv, std::string* out = nullptr,
+               int timeout_ms = 10000);
+
 // A 127.0.0.1 port nothing listens on (bound, then closed again).
 int UnusedTcpPort();
 // Port number of an "ip:port" engine string (0 when there is none).

@@ -55,71 +55,6 @@ bool LooksDenied(const std::string& out) {
 
 }  // namespace
 
-int RunCmd(const std::vector<std::string>& argv, std::string* out, int timeout_ms) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return -1;
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargv;
-  for (auto& a : args) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(p[0]);
-    close(p[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull >= 0) dup2(devnull, 0);
-    dup2(p[1], 1);
-    dup2(p[1], 2);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(p[1]);
-  std::string text;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool timed_out = false;
-  for (;;) {
-    long left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd pfd{p[0], POLLIN, 0};
-    int r = poll(&pfd, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      timed_out = r == 0;
-      break;
-    }
-    char buf[4096];
-    ssize_t n = read(p[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  close(p[0]);
-  if (timed_out) kill(pid, SIGKILL);
-  int st = 0;
-  const auto reap_deadline = Clock::now() + std::chrono::seconds(5);
-  pid_t w = 0;
-  while ((w = waitpid(pid, &st, WNOHANG)) == 0 && Clock::now() < reap_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (w == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);  // SIGKILLed: the kernel reaps it promptly
-    timed_out = true;
-  }
-  if (out) *out = text;
-  if (timed_out || w < 0 || !WIFEXITED(st)) return -1;
-  return WEXITSTATUS(st);
-}
 
 Tools Tools::Find() {
   Tools t;
@@ -152,7 +87,7 @@ bool FaultNet::Ip(const std::vector<std::string>& args, std::string* err) {
   std::vector<std::string> argv = {t_.ip};
   argv.insert(argv.end(), args.begin(), args.end());
   std::string out;
-  if (RunCmd(argv, &out) != 0) {
+  if (RunCommand(argv, &out) != 0) {
     *err = Join(argv) + ": " + Trim(out);
     return false;
   }
@@ -164,7 +99,7 @@ bool FaultNet::Exec(const std::string& ns, const std::vector<std::string>& argv,
   std::vector<std::string> full = {t_.ip, "netns", "exec", ns};
   full.insert(full.end(), argv.begin(), argv.end());
   std::string text;
-  if (RunCmd(full, &text) != 0) {
+  if (RunCommand(full, &text) != 0) {
     *err = Join(full) + ": " + Trim(text);
     return false;
   }
@@ -209,7 +144,7 @@ bool FaultNet::Create(std::string* err, bool* denied) {
   for (const char* tag : {"a", "r", "b", "c"}) {
     const std::string name = Prefix() + tag;
     std::string out;
-    if (RunCmd({t_.ip, "netns", "add", name}, &out) != 0) {
+    if (RunCommand({t_.ip, "netns", "add", name}, &out) != 0) {
       *err = "ip netns add " + name + ": " + Trim(out);
       *denied = LooksDenied(out);
       return false;
@@ -231,11 +166,11 @@ std::string FaultNet::Cleanup() {
   std::string out;
   for (const auto& l : root_links_) {
     // Gone already when it was moved into a namespace: ignore errors.
-    (void)RunCmd({t_.ip, "link", "del", l}, &out);
+    (void)RunCommand({t_.ip, "link", "del", l}, &out);
   }
   root_links_.clear();
   for (const auto& n : namespaces_) {
-    if (RunCmd({t_.ip, "netns", "del", n}, &out) != 0) {
+    if (RunCommand({t_.ip, "netns", "del", n}, &out) != 0) {
       problems += "ip netns del " + n + ": " + Trim(out) + "\n";
     }
   }
@@ -245,7 +180,7 @@ std::string FaultNet::Cleanup() {
 
 void FaultNet::RemoveStale(const Tools& t) {
   std::string out;
-  if (RunCmd({t.ip, "netns", "list"}, &out) == 0) {
+  if (RunCommand({t.ip, "netns", "list"}, &out) == 0) {
     std::istringstream in(out);
     std::string line;
     while (std::getline(in, line)) {
@@ -254,12 +189,12 @@ void FaultNet::RemoveStale(const Tools& t) {
       char tag[64];
       if (std::sscanf(name.c_str(), "hixlf-%ld-%63s", &pid, tag) == 2 && !PidAlive(pid)) {
         std::string o;
-        int rc = RunCmd({t.ip, "netns", "del", name}, &o);
+        int rc = RunCommand({t.ip, "netns", "del", name}, &o);
         std::printf("[ info ] removed stale namespace %s (rc %d)\n", name.c_str(), rc);
       }
     }
   }
-  if (RunCmd({t.ip, "-o", "link", "show"}, &out) == 0) {
+  if (RunCommand({t.ip, "-o", "link", "show"}, &out) == 0) {
     std::istringstream in(out);
     std::string line;
     while (std::getline(in, line)) {
@@ -273,7 +208,7 @@ void FaultNet::RemoveStale(const Tools& t) {
       if (std::sscanf(name.c_str(), "hf%ldv%d%c", &pid, &k, &side) == 3 &&
           (side == 'a' || side == 'b') && !PidAlive(pid)) {
         std::string o;
-        int rc = RunCmd({t.ip, "link", "del", name}, &o);
+        int rc = RunCommand({t.ip, "link", "del", name}, &o);
         std::printf("[ info ] removed stale link %s (rc %d)\n", name.c_str(), rc);
       }
     }

@@ -28,13 +28,11 @@
 #include <string>
 #include <vector>
 
+#include "peer_process.h"
+
 namespace hixl_fault {
 
-// Runs argv (argv[0] a full path) with stdout and stderr captured into *out;
-// returns the exit code, or -1 when it could not run or was killed after
-// timeout_ms.
-int RunCmd(const std::vector<std::string>& argv, std::string* out = nullptr,
-           int timeout_ms = 10000);
+using hixl_test::RunCommand;  // peer_process.h
 
 // Full paths of the tools ("" when missing).
 struct Tools {

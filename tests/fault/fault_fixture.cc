@@ -63,7 +63,7 @@ void FaultTest::TearDown() {
     EXPECT_EQ(problems, "");
     net_.reset();
     std::string out;
-    if (RunCmd({tools_.ip, "netns", "list"}, &out) == 0) {
+    if (RunCommand({tools_.ip, "netns", "list"}, &out) == 0) {
       EXPECT_EQ(out.find(FaultNet::Prefix()), std::string::npos)
           << "namespaces of this test are left behind:\n"
           << out;

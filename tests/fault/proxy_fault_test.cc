@@ -217,7 +217,8 @@ TEST_P(ProxyOpTest, LaneCutMidSliceFailsCleanly) {
 }
 
 // The control connection cut while the (throttled) data lanes move a
-// transfer: the link is lost, the transfer fails promptly, a reconnect works.
+// transfer: the link is lost, the transfer fails promptly (or, if its last
+// bytes were already through, completes with all of them), a reconnect works.
 TEST_P(ProxyOpTest, ControlCutMidTransferFailsCleanly) {
   const Op op = GetParam();
   StartAndConnect(kBig, TolerantHeartbeats(), TolerantHeartbeats());
@@ -238,8 +239,14 @@ TEST_P(ProxyOpTest, ControlCutMidTransferFailsCleanly) {
   const long ms = MsSince(t_fault);
   Measured(std::string("control cut: ") + OpName(op) + " failed after", ms);
   std::cout << "[ info ] control cut: the transfer ended with: " << r << std::endl;
-  EXPECT_TRUE(IsErr(r)) << r;
   EXPECT_LT(ms, kDetectBoundMs);
+  if (!IsErr(r)) {
+    // Its last bytes were already on their way when the cut came (seen under
+    // ThreadSanitizer's slower schedule): then every byte must be there.
+    std::cout << "[ info ] control cut: the transfer completed before the cut took effect"
+              << std::endl;
+    ExpectDelivered(op);
+  }
   proxy_->SetRate(ConnClass::kData, 0);
   ExpectCleanAftermath(op, DestHash(op));
 }
