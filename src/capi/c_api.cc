@@ -1,7 +1,7 @@
 // The C API (hixl/hixl_c.h): a thin wrapper over hixl::Hixl.
 //
 // Every handle handed to the caller is recorded in one table of live handles
-// (pointer -> kind, object); every entry point looks its handles up there
+// (capi/handles.h: pointer -> kind, object); every entry point looks its handles up there
 // before touching them, so NULL, foreign and already destroyed handles are
 // reported as HIXL_PARAM_INVALID and never dereferenced.
 #include <algorithm>
@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "capi/handles.h"
 #include "capi/mem_handle_string.h"
 #include "common/net.h"
 #include "engine/options.h"
@@ -44,86 +45,9 @@ static_assert(HIXL_MAX_NOTIFY_LEN == hixl::kMaxNotifyMsgLen);
 static_assert(HIXL_MEM_PERM_READ == hixl::MEM_PERM_READ);
 static_assert(HIXL_MEM_PERM_WRITE == hixl::MEM_PERM_WRITE);
 
-struct HixlConfigObj {
-  std::map<std::string, std::string> c_opts;       // the C API's own keys
-  std::map<std::string, std::string> engine_opts;  // passed to Initialize
-};
-
-struct HixlEngineObj {
-  hixl::Hixl engine;
-  std::string local;
-  std::string default_remote;
-  int32_t connect_timeout_ms = 3000;
-  int32_t transfer_timeout_ms = 60000;
-
-  std::mutex connect_mu;  // one Connect at a time (concurrent first transfers)
-  std::mutex mu;          // guards everything below
-  std::set<std::string> connected;
-  std::set<HixlMemHandleObj*> handles;
-  std::set<struct RequestImpl*> requests;
-  std::map<uintptr_t, size_t> allocs;            // hixlAllocMemory: start -> size
-  std::map<hixl::MemHandle, int> registrations;  // RegisterMem handle -> C handles using it
-
-  // hixlGetNotifies: notifications taken from the engine (whose GetNotifies
-  // hands out everything) but not yet handed to the caller, oldest first.
-  std::mutex notify_mu;
-  std::deque<hixl::NotifyDesc> notifies;
-};
-
-struct HixlMemHandleObj {
-  HixlEngineObj* owner = nullptr;  // the engine that registered or deserialized it
-  bool local = false;              // registered by `owner`
-  bool alloc_backed = false;       // inside hixlAllocMemory memory (not deregistered)
-  hixl::MemHandle cxx = 0;
-  std::string engine_addr;  // the engine whose memory this is
-  uint64_t generation = 0;  // that engine's generation (0: not known, not checked)
-  uint64_t addr = 0;
-  uint64_t len = 0;
-  uint32_t perms = 0;
-  std::string serialized;
-};
-
-struct RequestImpl {
-  HixlRequestObj pub{};
-  std::mutex mu;                    // guards the fields below
-  HixlEngineObj* engine = nullptr;  // null once the engine is destroyed
-  hixl::TransferReq cxx = 0;        // 0: nothing to ask the engine
-  HixlStatus final_status = HIXL_IN_PROGRESS;
-  std::string reason;
-};
-
 namespace {
 
-enum class Kind { kConfig, kEngine, kMem, kRequest };
-
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<const void*, std::pair<Kind, void*>> live;
-};
-Registry& Reg() {
-  static Registry* r = new Registry;  // never destroyed: usable during exit
-  return *r;
-}
-void Track(const void* key, Kind k, void* obj) {
-  std::lock_guard<std::mutex> l(Reg().mu);
-  Reg().live[key] = {k, obj};
-}
-// Removes the entry; false when key is not a live handle of kind k.
-bool Untrack(const void* key, Kind k) {
-  std::lock_guard<std::mutex> l(Reg().mu);
-  auto it = Reg().live.find(key);
-  if (it == Reg().live.end() || it->second.first != k) return false;
-  Reg().live.erase(it);
-  return true;
-}
-template <typename T>
-T* Lookup(const void* key, Kind k) {
-  if (key == nullptr) return nullptr;
-  std::lock_guard<std::mutex> l(Reg().mu);
-  auto it = Reg().live.find(key);
-  if (it == Reg().live.end() || it->second.first != k) return nullptr;
-  return static_cast<T*>(it->second.second);
-}
+using namespace hixl::capi;  // NOLINT: the handle table's vocabulary
 
 std::atomic<uint64_t> g_next_request_id{1};
 
