@@ -12,5 +12,7 @@ case "$flavour" in
   tsan)    dir=build-tsan; args=(-DCMAKE_BUILD_TYPE=Debug -DHIXL_SANITIZE=thread -DHIXL_BUILD_TOOLS=OFF) ;;
   *) echo "usage: $0 [release|asan|tsan]" >&2; exit 2 ;;
 esac
+# The optional parts are on here (and so in CI): UCX transport, etcd discovery.
+args+=(-DHIXL_WITH_UCX=ON -DHIXL_WITH_ETCD=ON)
 cmake -S . -B "$dir" "${args[@]}" ${HIXL_CMAKE_ARGS:-} >/dev/null
 cmake --build "$dir" -j "$(nproc)"

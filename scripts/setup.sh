@@ -6,6 +6,11 @@ set -euo pipefail
 PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
 # Authentication of peers (HMAC-SHA256): OpenSSL's libcrypto.
 PACKAGES+=(libssl-dev)
+# The UCX transport (HIXL_WITH_UCX) and ucx_perftest, its bench baseline.
+PACKAGES+=(pkg-config libucx-dev ucx-utils)
+# etcd discovery (HIXL_WITH_ETCD): libcurl for the v3 JSON gateway, and etcd
+# itself for the tests (they start their own on free loopback ports).
+PACKAGES+=(libcurl4-openssl-dev etcd-server)
 # Injected network faults between namespaces (tests/fault): nftables rules.
 PACKAGES+=(nftables)
 # The Python modules hixl and llm_datadist: pybind11, numpy, pytest and torch

@@ -10,6 +10,11 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 
+# UCX's own signal handlers and malloc/mmap hooks fight the sanitizers.
+sanitizer_ucx_env() {
+  export UCX_HANDLE_ERRORS=none UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none
+}
+
 run_ctest() {
   local dir="$1"
   echo "=== tests: $dir ==="
@@ -27,6 +32,7 @@ echo "=== python: pip install ./python into a fresh venv, then use the installed
 timeout 900 bash tests/python_packaging/pip_install_test.sh "$(pwd)" "$(pwd)/build/pip-test"
 
 bash scripts/build.sh asan
+sanitizer_ucx_env
 run_ctest build-asan
 
 bash scripts/build.sh tsan
@@ -34,10 +40,10 @@ run_ctest build-tsan
 
 echo "=== fuzz: every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${HIXL_FUZZ_SECONDS:-45} s each ==="
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF >/dev/null
+  -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF -DHIXL_WITH_ETCD=ON >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target hixl_fuzz_control hixl_fuzz_datadist hixl_fuzz_handle \
-  hixl_fuzz_lane
-for t in control datadist handle lane; do
+  hixl_fuzz_lane hixl_fuzz_discovery
+for t in control datadist handle lane discovery; do
   work="build-fuzz/run-$t"
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work/"
   # A crash, leak or sanitizer report ends the run non-zero (and set -e stops here).

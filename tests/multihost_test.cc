@@ -330,6 +330,62 @@ TEST_F(MultiHostTest, TwoNamespacesAutoPicksTcpAndMovesBytes) {
   EXPECT_EQ(b->Hash("ro", 0, 4096), ro_hash);
 }
 
+#ifdef HIXL_TEST_UCX
+// LinkType=UCX between two namespaces: UCX's error handling is PEER there
+// (different hosts), so it runs on tcp; bytes move both ways, a read-only
+// region refuses a WRITE (checked by the initiator's table), and killing the
+// target fails the next transfer within the heartbeat bound.
+TEST_F(MultiHostTest, TwoNamespacesOverUcx) {
+  MAKE_NAMESPACES_OR_SKIP(ns, {"a", "b"});
+  std::string err;
+  ASSERT_TRUE(guard_->Link(1, ns[0], ns[1], &err)) << err;
+  PeerProcess* a = StartPeer(ns[0], "10.213.1.1:0", {"LinkType=UCX"});
+  ASSERT_NE(a, nullptr);
+  PeerProcess* b = StartPeer(ns[1], "10.213.1.2:0", {"LinkType=UCX"});
+  ASSERT_NE(b, nullptr);
+  const size_t n = 8 * kMiB + 3;
+  const std::string ns_ = std::to_string(n);
+  uintptr_t b_reg = b->Reg("dstr", n, "rw");
+  uintptr_t b_alloc = b->Alloc("dst", n);
+  ASSERT_TRUE(b_reg && b_alloc);
+  ASSERT_TRUE(a->Ok("buf src " + ns_));
+  ASSERT_TRUE(a->Ok("buf in " + ns_));
+  ASSERT_TRUE(a->Ok("fillpat src 311"));
+  const std::string src_hash = a->Hash("src", 0, n);
+  ASSERT_TRUE(a->Ok("connect " + b->engine() + " 10000"));
+  EXPECT_EQ(a->Send("linktype " + b->engine()), "OK UCX");
+  for (const auto& [name, addr] :
+       std::vector<std::pair<std::string, uintptr_t>>{{"dst", b_alloc}, {"dstr", b_reg}}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(a->Ok("write src 0 " + b->engine() + " " + Num(addr) + " " + ns_));
+    EXPECT_EQ(b->Hash(name, 0, n), src_hash);
+    ASSERT_TRUE(b->Ok("fillpat " + name + " 312"));
+    EXPECT_TRUE(a->Ok("read in 0 " + b->engine() + " " + Num(addr) + " " + ns_));
+    EXPECT_EQ(a->Hash("in", 0, n), b->Hash(name, 0, n));
+  }
+  EXPECT_EQ(b->Send("canary dstr"), "OK intact");
+  uintptr_t b_ro = b->Reg("ro", 4096, "r");
+  ASSERT_NE(b_ro, 0u);
+  ASSERT_TRUE(b->Ok("fill ro 0x33"));
+  const std::string ro_hash = b->Hash("ro", 0, 4096);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::string r = a->Send("write src 0 " + b->engine() + " " + Num(b_ro) + " 4096");
+  EXPECT_EQ(r.rfind("ERR", 0), 0u) << r;
+  EXPECT_EQ(b->Hash("ro", 0, 4096), ro_hash);
+
+  // The target dies: the next transfer fails (bounded), and nothing hangs.
+  b->Kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  r = a->Send("write src 0 " + b->engine() + " " + Num(b_reg) + " " + ns_);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.rfind("ERR", 0), 0u) << r;
+  EXPECT_LT(ms, 20000) << "a transfer to a killed UCX peer must end";
+  std::cout << "[ measured ] ucx write to a killed peer ended after " << ms << " ms: " << r
+            << std::endl;
+}
+#endif
+
 // A forced SHM initiator cannot reach a peer in another namespace: Connect
 // fails with UNSUPPORTED and says shm needs one host; forced TCP works.
 TEST_F(MultiHostTest, ForcedShmAcrossNamespacesIsUnsupported) {

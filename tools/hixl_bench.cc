@@ -1,6 +1,8 @@
-// hixl-bench — bandwidth and latency of hixl transports (shm, tcp) between two
-// processes on this host, each figure beside a memcpy baseline measured in the
-// same run (interleaved A B A B, as BENCHMARKING.md asks).
+// hixl-bench — bandwidth and latency of hixl transports (shm, tcp, ucx)
+// between two processes on this host, each figure beside a baseline measured
+// in the same run (interleaved A B A B, as BENCHMARKING.md asks): memcpy (shm),
+// a plain socket pair (tcp), ucx_perftest in the same UCX environment (ucx,
+// bench/ucx_perftest.h; docs/UCX.md has the numbers).
 //
 // The initiator re-executes itself (/proc/self/exe --serve) as the target
 // (bench/process.h has its line protocol). This file holds main and the
@@ -13,10 +15,12 @@
 // table on stderr. Exit status is non-zero on any hixl error or verify mismatch.
 #include <hixl/hixl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -28,6 +32,7 @@
 #include "bench/modes.h"
 #include "bench/options.h"
 #include "bench/process.h"
+#include "bench/ucx_perftest.h"
 
 namespace {
 
@@ -45,7 +50,10 @@ struct Context {
   std::string transport, mem;
   uint64_t threads;
   SocketBaseline* sock = nullptr;  // tcp: the wire's practical limit
+  const UcxPerftest* perftest = nullptr;  // ucx: UCX's own benchmark, same environment
 };
+
+constexpr int kPerftestTimeoutMs = 120000;  // one ucx_perftest run, server and client
 
 void Transfer(Context& c, hixl::TransferOp op, const std::vector<hixl::TransferOpDesc>& descs) {
   const hixl::Status st = c.engine->TransferSync(c.target.engine, op, descs, kTransferTimeoutMs);
@@ -124,9 +132,17 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
   const uint64_t warmup = std::clamp<uint64_t>(iters / 20, 2, 200);
   for (uint64_t i = 0; i < warmup; ++i) {
     Transfer(c, op, descs);
-    baseline();
+    if (c.perftest == nullptr) baseline();  // perftest warms up in its own run
     if (c.sock != nullptr) c.sock->Run(copies, total, /*staged=*/true);
   }
+  // ucx: one ucx_perftest run per rep, as many messages of `block` bytes as
+  // the rep moves (iters x batch); the latency row pairs with ucp_put_lat.
+  const bool latency_row = mode == "latency";
+  const std::string pt_test =
+      c.perftest ? c.perftest->TestFor(op == hixl::TransferOp::READ, latency_row) : "";
+  std::vector<double> pt_gbps, pt_p50_us;
+  std::string pt_error =
+      c.perftest && !c.perftest->available() ? c.perftest->why_not() : std::string();
 
   std::vector<double> gbps, avg_us, lat_us, base_gbps, base_lat_us, before_gbps;
   lat_us.reserve(iters * o.reps);
@@ -145,15 +161,29 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
     double secs = Seconds(t0, Clock::now());
     gbps.push_back(bytes / secs / 1e9);
     avg_us.push_back(secs * 1e6 / static_cast<double>(iters));
-    // B: memcpy baseline, same bytes, same layout, same thread count
-    t0 = Clock::now();
-    for (uint64_t i = 0; i < iters; ++i) {
-      const auto a = Clock::now();
-      base_threads = baseline();
-      base_lat_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    if (c.perftest != nullptr) {
+      // B: ucx_perftest, same message size and count (stops at its first failure)
+      if (pt_error.empty()) {
+        const UcxPerftest::Result r =
+            c.perftest->Run(pt_test, block, iters * batch, warmup * batch, kPerftestTimeoutMs);
+        if (r.ok) {
+          pt_gbps.push_back(r.gbps);
+          pt_p50_us.push_back(r.p50_us);
+        } else {
+          pt_error = r.error;
+        }
+      }
+    } else {
+      // B: memcpy baseline, same bytes, same layout, same thread count
+      t0 = Clock::now();
+      for (uint64_t i = 0; i < iters; ++i) {
+        const auto a = Clock::now();
+        base_threads = baseline();
+        base_lat_us.push_back(Seconds(a, Clock::now()) * 1e6);
+      }
+      secs = Seconds(t0, Clock::now());
+      base_gbps.push_back(bytes / secs / 1e9);
     }
-    secs = Seconds(t0, Clock::now());
-    base_gbps.push_back(bytes / secs / 1e9);
     if (c.sock != nullptr) {  // C: the staged "before" path
       t0 = Clock::now();
       for (uint64_t i = 0; i < iters; ++i) c.sock->Run(copies, total, /*staged=*/true);
@@ -187,8 +217,31 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
     m.baseline = "socket";
     m.before_gbps = Median(before_gbps);
   }
+  if (c.perftest != nullptr) {
+    m.baseline = "ucx_perftest:" + pt_test;
+    m.baseline_note = pt_error;
+    m.has_baseline = !pt_gbps.empty();
+    m.base_gbps = Median(pt_gbps);
+    if (latency_row) {
+      // perftest's one-way put ping-pong p50 against our TransferSync p50
+      // (which includes the flush): > 1 means hixl is faster.
+      m.base_p50_us = Median(pt_p50_us);
+      m.ratio = m.has_baseline && m.p50_us > 0 ? m.base_p50_us / m.p50_us : 0;
+      m.ratio_of = "p50_us";
+    } else {
+      // the time one transfer's bytes take at perftest's bandwidth
+      m.base_p50_us = m.base_gbps > 0 ? static_cast<double>(total) / (m.base_gbps * 1e3) : 0;
+    }
+  }
   m.verified = o.verify ? (verified ? 1 : 0) : -1;
   return m;
+}
+
+// A ucx_perftest run that failed for a row (not the missing binary: said once).
+void WarnBaseline(const Measurement& m, const UcxPerftest* perftest) {
+  if (perftest != nullptr && perftest->available() && !m.baseline_note.empty())
+    std::fprintf(stderr, "hixl-bench: warning: %s %s %s: %s\n", m.baseline.c_str(), m.op.c_str(),
+                 HumanSize(m.block).c_str(), m.baseline_note.c_str());
 }
 
 int RunInitiator(const Options& o) {
@@ -225,7 +278,20 @@ int RunInitiator(const Options& o) {
   if (run_sweep && shapes.empty()) Fail("nothing to run: every combination was skipped");
 
   Buffer local(largest), scratch(largest);
-  if (o.table) PrintTableHeader();
+  std::unique_ptr<UcxPerftest> perftest;
+  if (o.transport == "ucx") {
+    perftest = std::make_unique<UcxPerftest>();
+    std::string env;  // the UCX settings both hixl and perftest run under
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::strncmp(*e, "UCX_", 4) == 0) env += std::string(" ") + *e;
+    if (perftest->available())
+      std::fprintf(stderr, "hixl-bench: baseline: %s, same run and environment:%s\n",
+                   perftest->path().c_str(), env.empty() ? " (no UCX_* set)" : env.c_str());
+    else
+      std::fprintf(stderr, "hixl-bench: %s: no ucx baseline, no ratio\n",
+                   perftest->why_not().c_str());
+  }
+  if (o.table) PrintTableHeader(o.transport);
   std::vector<hixl::TransferOp> ops;
   if (o.do_write) ops.push_back(hixl::TransferOp::WRITE);
   if (o.do_read) ops.push_back(hixl::TransferOp::READ);
@@ -250,6 +316,8 @@ int RunInitiator(const Options& o) {
         opts[hixl::options::kLinkType] = "TCP";
         opts[hixl::options::kTcpLanes] = std::to_string(threads);
         if (o.slice != 0) opts[hixl::options::kTcpSliceSize] = std::to_string(o.slice);
+      } else if (o.transport == "ucx") {
+        opts[hixl::options::kLinkType] = "UCX";  // builds without UCX answer UNSUPPORTED
       } else {
         opts[hixl::options::kLinkType] = "SHM";
         opts[hixl::options::kCopyThreads] = std::to_string(threads);
@@ -267,7 +335,7 @@ int RunInitiator(const Options& o) {
       std::unique_ptr<SocketBaseline> sock;
       if (o.transport == "tcp") sock = std::make_unique<SocketBaseline>();
       Context c{&o,    engine.get(), &child, target,  &local,    &scratch,
-                &pool, transport,    mem,    threads, sock.get()};
+                &pool, transport,    mem,    threads, sock.get(), perftest.get()};
       for (const auto op : ops)
         for (const Shape& s : shapes) {
           const uint64_t total = s.block * s.batch;
@@ -276,6 +344,7 @@ int RunInitiator(const Options& o) {
           step(mem, op == hixl::TransferOp::WRITE ? "write" : "read", s.block, s.batch, threads);
           const Measurement m = Measure(c, op, s.block, s.batch, iters, "bandwidth");
           progress.Clear();
+          WarnBaseline(m, perftest.get());
           PrintJson(m);
           if (o.table) PrintTableRow(m);
         }
@@ -283,6 +352,7 @@ int RunInitiator(const Options& o) {
         step(mem, "latency write", 4 * KiB, 1, threads);
         const Measurement m = Measure(c, hixl::TransferOp::WRITE, 4 * KiB, 1, 10000, "latency");
         progress.Clear();
+        WarnBaseline(m, perftest.get());
         PrintJson(m);
         if (o.table) PrintTableRow(m);
       }

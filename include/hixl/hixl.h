@@ -135,14 +135,23 @@ enum class ConnectStatus : uint32_t {
   FAILED = 3,  // the last ConnectAsync failed (the reason says why)
 };
 
+// An engine registered in etcd discovery (ListEngines).
+struct EngineRecord {
+  std::string name;        // its EngineName (default: its address)
+  std::string address;     // "ip:port" of its control listener
+  uint64_t generation = 0;  // its incarnation (see GetPeerGeneration)
+};
+
 // Transport a link uses. AUTO picks shm when both engines share a host.
 enum class LinkType : uint32_t { AUTO = 0, SHM = 1, TCP = 2, UCX = 3 };
 HIXL_EXPORT const char* LinkTypeName(LinkType t);
 
 // Option keys for Initialize. Unknown keys and malformed values are rejected.
 namespace options {
-// "AUTO" (default: shm when both engines share a host, else tcp), "SHM",
-// "TCP"; "HCCS" is accepted as SHM.
+// "AUTO" (default: shm when both engines share a host, else UCX where this
+// host has an RDMA device and the build has UCX, else tcp), "SHM", "TCP",
+// "UCX"; "HCCS" is accepted as SHM, "RDMA" as UCX (builds without UCX answer
+// UNSUPPORTED).
 inline constexpr const char kLinkType[] = "LinkType";
 // Threads that copy one large transfer in parallel (1..64, default 2).
 inline constexpr const char kCopyThreads[] = "CopyThreads";
@@ -192,6 +201,23 @@ inline constexpr const char kAuthSecretFile[] = "AuthSecretFile";
 // both directions. "0": also link with peers that have no secret (a rolling
 // upgrade); a peer that offers a wrong proof is refused either way.
 inline constexpr const char kAuthRequired[] = "AuthRequired";
+// ucx (builds with HIXL_WITH_UCX; docs/UCX.md): how UCX learns of a lost peer.
+// "AUTO" (default: "NONE" on one host where shared memory carries the link,
+// else "PEER"), "PEER" (UCX error handling; UCX 1.13 then refuses shared
+// memory), "NONE" (this engine's heartbeats are the only liveness check).
+inline constexpr const char kUcxErrorHandling[] = "UcxErrorHandling";
+// Discovery through etcd (builds with HIXL_WITH_ETCD; docs/DISCOVERY.md):
+// "etcd://host:port[,host:port...]". The engine publishes itself under
+// MetadataPrefix + "engines/" + EngineName with a lease it keeps alive, and
+// Connect (and every call naming a remote engine) also accepts engine names.
+inline constexpr const char kMetadataServer[] = "MetadataServer";
+// Key prefix in etcd (default "hixl/"); engines with the same prefix see each other.
+inline constexpr const char kMetadataPrefix[] = "MetadataPrefix";
+// This engine's name, unique under the prefix: 1..128 of [A-Za-z0-9._:-]
+// (default: its bound "ip:port").
+inline constexpr const char kEngineName[] = "EngineName";
+// Seconds the registry entry outlives this engine if it dies (2..3600, default 10).
+inline constexpr const char kMetadataTtlS[] = "MetadataTtlS";
 }  // namespace options
 
 class HIXL_EXPORT Hixl {
@@ -247,6 +273,15 @@ class HIXL_EXPORT Hixl {
   // A restarted peer has a new one.
   Status GetPeerGeneration(const std::string& remote_engine, uint64_t& generation) const;
   uint64_t Generation() const;
+
+  // With MetadataServer: every engine registered under this engine's
+  // MetadataPrefix (this one included), as the registry watch last saw them —
+  // an engine that finalized is gone at once, one that died within its
+  // MetadataTtlS, and a restarted one is back with a new generation. Without
+  // it: UNSUPPORTED. Any call that names a remote engine also accepts such a
+  // name in place of "ip:port"; Connect checks that the engine it reaches has
+  // the generation the registry names.
+  Status ListEngines(std::vector<EngineRecord>& engines) const;
 
   // A short application string (at most kMaxLocalInfoLen bytes) this engine
   // hands to every peer that connects to it, in the handshake: how a layer

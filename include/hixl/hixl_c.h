@@ -128,6 +128,14 @@ typedef struct HixlRequestObj* HixlRequest;
 #define HIXL_OPTION_AUTH_SECRET "AuthSecret"
 #define HIXL_OPTION_AUTH_SECRET_FILE "AuthSecretFile"
 #define HIXL_OPTION_AUTH_REQUIRED "AuthRequired"
+/* UCX's error handling: "AUTO", "PEER" or "NONE" (hixl.h, kUcxErrorHandling). */
+#define HIXL_OPTION_UCX_ERROR_HANDLING "UcxErrorHandling"
+/* Discovery through etcd (hixl.h, kMetadataServer...): "etcd://host:port[,...]",
+ * the key prefix, this engine's name, the entry's lease in seconds. */
+#define HIXL_OPTION_METADATA_SERVER "MetadataServer"
+#define HIXL_OPTION_METADATA_PREFIX "MetadataPrefix"
+#define HIXL_OPTION_ENGINE_NAME "EngineName"
+#define HIXL_OPTION_METADATA_TTL_S "MetadataTtlS"
 /* ("AutoConnect" is accepted too; the C API connects on demand anyway.
  * HIXL_OPTION_CONNECT_TIMEOUT_MS also bounds the engine's own connects.) */
 

@@ -133,7 +133,11 @@ struct ClusterInfo {
   uint64_t remote_cluster_id = 0;
   int32_t remote_role_type = 0;        // an LlmRole value; informational
   std::vector<IpInfo> local_ip_infos;  // accepted; the engine picks the route
-  std::vector<IpInfo> remote_ip_infos; // the first reachable one is linked
+  std::vector<IpInfo> remote_ip_infos; // the first reachable one is linked; empty:
+                                       // found through discovery (MetadataServer in
+                                       // llm.GlobalResourceConfig), where every
+                                       // listening instance is published as
+                                       // "llm-cluster-<cluster id>"
 };
 
 struct CacheDesc {

@@ -381,6 +381,11 @@ PYBIND11_MODULE(_hixl, m) {
   o.attr("AUTH_SECRET") = hixl::options::kAuthSecret;
   o.attr("AUTH_SECRET_FILE") = hixl::options::kAuthSecretFile;
   o.attr("AUTH_REQUIRED") = hixl::options::kAuthRequired;
+  o.attr("UCX_ERROR_HANDLING") = hixl::options::kUcxErrorHandling;
+  o.attr("METADATA_SERVER") = hixl::options::kMetadataServer;
+  o.attr("METADATA_PREFIX") = hixl::options::kMetadataPrefix;
+  o.attr("ENGINE_NAME") = hixl::options::kEngineName;
+  o.attr("METADATA_TTL_S") = hixl::options::kMetadataTtlS;
 
   py::object nt = py::module_::import("collections")
                       .attr("namedtuple")("NotifyDesc", py::make_tuple("name", "msg", "sender"));
@@ -529,6 +534,17 @@ PYBIND11_MODULE(_hixl, m) {
             return g;
           },
           "remote_engine"_a, "The generation of a connected peer (a restarted peer has a new one).")
+      .def(
+          "list_engines",
+          [](hixl::Hixl& h) {
+            std::vector<hixl::EngineRecord> v;
+            Check(NoGil([&] { return h.ListEngines(v); }));
+            py::list out;
+            for (const auto& e : v) out.append(py::make_tuple(e.name, e.address, e.generation));
+            return out;
+          },
+          "Engines registered in etcd discovery (needs options.METADATA_SERVER): a list of\n"
+          "(name, address, generation).")
       .def(
           "transfer_sync",
           [](hixl::Hixl& h, const std::string& remote, hixl::TransferOp op, py::handle descs,

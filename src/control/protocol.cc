@@ -8,8 +8,10 @@ namespace {
 wire::Msg EncodeRegions(const std::vector<RegionDesc>& regions) {
   wire::Msg arr = wire::Msg::array();
   for (const auto& r : regions) {
-    arr.push_back(
-        {{"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms}, {"fd", r.shareable}});
+    wire::Msg e = {
+        {"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms}, {"fd", r.shareable}};
+    if (r.tp.is_object() && !r.tp.empty()) e["tp"] = r.tp;
+    arr.push_back(std::move(e));
   }
   return arr;
 }
@@ -29,6 +31,13 @@ Status DecodeRegions(const wire::Msg& m, std::vector<RegionDesc>& out) {
     if (r.id == 0 || r.addr == 0 || r.len == 0 || r.addr + r.len < r.addr ||
         (r.perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
       return Status::ParamInvalid("region entry " + std::to_string(r.id) + " out of range");
+    }
+    if (auto it = e.find("tp"); it != e.end()) {
+      if (!it->is_object() || it->size() > kMaxRegionTransports) {
+        return Status::ParamInvalid("region entry " + std::to_string(r.id) +
+                                    ": malformed transport section");
+      }
+      r.tp = *it;
     }
     v.push_back(r);
   }

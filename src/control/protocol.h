@@ -24,8 +24,8 @@
 //   either way:          hb       {}                  heartbeat, sent when a link is otherwise idle
 //   either way:          bye      {}
 //
-// A region is {id, addr, len, perm, fd}; fd=true means shareable memory the
-// shm transport can map. Every decoder checks types, ranges and limits.
+// A region is {id, addr, len, perm, fd, tp?}; fd=true means shareable memory
+// the shm transport can map; tp (optional) is {transport name: info}. Every decoder checks types, ranges and limits.
 // Thread safety: stateless functions.
 #ifndef HIXL_CONTROL_PROTOCOL_H_
 #define HIXL_CONTROL_PROTOCOL_H_
@@ -42,6 +42,7 @@ namespace hixl::control {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kMaxRegionsPerMessage = 1u << 20;
+inline constexpr size_t kMaxRegionTransports = 8;
 inline constexpr size_t kMaxEngineName = 256;
 inline constexpr size_t kMaxLocalInfo = 4096;
 inline constexpr uint32_t kDefaultHeartbeatMs = 1000;
@@ -54,6 +55,9 @@ struct RegionDesc {
   uint64_t len = 0;
   uint32_t perms = 0;
   bool shareable = false;
+  // What each transport needs to reach the region ({name: info}, e.g. UCX's
+  // packed remote key); an object of at most kMaxRegionTransports entries.
+  wire::Msg tp = wire::Msg::object();
 };
 
 struct Hello {

@@ -117,6 +117,12 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
       return ParamInvalid("unknown option \"" + k + "\"");
     }
   }
+  // With discovery, an instance is published as llm-cluster-<id> (unless the
+  // config names it), so peers can link it by cluster id alone.
+  discovery_ = engine_opts.count(hixl::options::kMetadataServer) != 0;
+  if (discovery_ && !listen.empty() && engine_opts.count(hixl::options::kEngineName) == 0) {
+    engine_opts[hixl::options::kEngineName] = ClusterEngineName(cluster_id_);
+  }
   if (hixl::Status s = engine_.Initialize(listen.empty() ? "127.0.0.1" : listen, engine_opts);
       !s.ok()) {
     return FromHixl(s, "Initialize: the engine refused");
@@ -222,10 +228,15 @@ Status LlmDataDist::Impl::SetRole(LlmRole role, const std::map<std::string, std:
 // ---------------------------------------------------------------------------
 // Links
 
+std::string LlmDataDist::Impl::ClusterEngineName(uint64_t cluster_id) {
+  return "llm-cluster-" + std::to_string(cluster_id);
+}
+
 Status LlmDataDist::Impl::Link(const ClusterInfo& c, int32_t timeout_ms) {
-  if (c.remote_ip_infos.empty()) {
+  if (c.remote_ip_infos.empty() && !discovery_) {
     return ParamInvalid("cluster " + std::to_string(c.remote_cluster_id) +
-                        ": remote_ip_infos is empty");
+                        ": remote_ip_infos is empty (or configure discovery: MetadataServer in "
+                        "llm.GlobalResourceConfig)");
   }
   if (c.remote_cluster_id == cluster_id_) {
     return ParamInvalid("cluster " + std::to_string(c.remote_cluster_id) + " is this instance");
@@ -244,8 +255,10 @@ Status LlmDataDist::Impl::Link(const ClusterInfo& c, int32_t timeout_ms) {
     }
   }
   std::string reasons;
-  for (const auto& ip : c.remote_ip_infos) {
-    const std::string addr = EngineAddress(ip);
+  std::vector<std::string> addrs;
+  for (const auto& ip : c.remote_ip_infos) addrs.push_back(EngineAddress(ip));
+  if (addrs.empty()) addrs.push_back(ClusterEngineName(c.remote_cluster_id));  // by name
+  for (const auto& addr : addrs) {
     hixl::Status s = engine_.Connect(addr, timeout_ms);
     if (!s.ok() && s.code() != hixl::StatusCode::kAlreadyConnected) {
       reasons += (reasons.empty() ? "" : "; ") + addr + ": " + s.ToString();

@@ -147,6 +147,8 @@ class LlmDataDist::Impl {
   hixl::Hixl engine_;
   std::atomic<bool> ready_{false};
   bool switch_role_ = false;
+  bool discovery_ = false;  // the engine has MetadataServer: clusters link by id alone
+  static std::string ClusterEngineName(uint64_t cluster_id);
   std::string listen_;
   int32_t sync_wait_ms_ = 1000;
   int64_t default_lease_ms_ = 0;

@@ -17,7 +17,6 @@ namespace hixl {
 
 using engine_detail::kBusyTickMs;
 using engine_detail::kIdleTickMs;
-using engine_detail::ToDesc;
 
 // ---------------------------------------------------------------- control plane (loop thread)
 

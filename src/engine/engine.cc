@@ -23,7 +23,6 @@ namespace hixl {
 namespace {
 
 using engine_detail::kIdleTickMs;
-using engine_detail::ToDesc;
 constexpr int kFinalizeDrainMs = 5000;  // Finalize lets pieces on the wire land this long
 
 }  // namespace
@@ -66,17 +65,27 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.handshake_timeout_ms = opts_.handshake_timeout_ms;
   ctx.hb_bound_ms = opts_.hb_interval_ms * opts_.hb_misses;
   ctx.hb_interval_ms = opts_.hb_interval_ms;
-  ctx.tcp_lanes = opts_.tcp_lanes;
-  ctx.tcp_slice_size = opts_.tcp_slice_size;
-  ctx.tcp_io_threads = opts_.tcp_io_threads;
+  ctx.settings = opts_.transport_settings;
+  unavailable_.clear();
   for (const auto& e : transport::TransportRegistry::Global().Entries()) {
     auto t = e.factory(ctx);
     if (Status s = t->Start(); !s.ok()) {
       HIXL_LOG(WARN) << "transport " << e.name << " unavailable: " << s.ToString();
+      unavailable_ += (unavailable_.empty() ? "" : "; ") + ("transport " + e.name +
+                      " (LinkType " + LinkTypeName(e.type) + ") failed to start: " + s.message());
       t->Stop();
       continue;
     }
     transports_.push_back(std::move(t));
+  }
+  // Published before the loop runs: a peer that finds us this early waits in
+  // the listen backlog.
+  if (Status ns = naming_.Start(opts_, local_engine_, generation_, listening_); !ns.ok()) {
+    for (auto& t : transports_) t->Stop();
+    transports_.clear();
+    copy_pool_.Stop();
+    listen_fd_.Reset();
+    return ns;
   }
   idle_tick_ms_ = std::clamp(opts_.hb_interval_ms / 4, 5, kIdleTickMs);
   notify_stop_ = false;
@@ -87,6 +96,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
     loop_.Post([this, lfd] { loop_.Add(lfd, EPOLLIN, [this](uint32_t) { OnAccept(); }); });
   }
   if (!s.ok()) {
+    naming_.Stop();
     for (auto& t : transports_) t->Stop();
     transports_.clear();
     copy_pool_.Stop();
@@ -100,6 +110,8 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
 
 void Hixl::Impl::Finalize() {
   if (!initialized_.exchange(false)) return;
+  // Peers watching the registry see this engine go at once.
+  naming_.Stop();
   // 0. Connect attempts under way end (each is bounded by its timeout).
   {
     std::vector<ConnectThread> threads;
@@ -195,9 +207,32 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
   if (Status s = regions_.Add(r, id, added); !s.ok()) return s;
   if (added) {
     r.id = id;
+    if (Status s = PrepareLocalRegion(r); !s.ok()) return s;
     BroadcastRegionAdd({ToDesc(r)});
   }
   handle = id;
+  return Status::Ok();
+}
+
+control::RegionDesc Hixl::Impl::ToDesc(const memory::LocalRegion& r) const {
+  control::RegionDesc d{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
+  for (const auto& t : transports_) {
+    wire::Msg info;
+    t->DescribeRegion(r, info);
+    if (!info.is_null()) d.tp[t->name()] = std::move(info);
+  }
+  return d;
+}
+
+Status Hixl::Impl::PrepareLocalRegion(const memory::LocalRegion& r) {
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (Status s = transports_[i]->AddRegion(r); !s.ok()) {
+      for (size_t j = 0; j < i; ++j) transports_[j]->RevokeRegion(r.addr, r.len);
+      regions_.Remove(r.id);
+      return Status(s.code(), std::string("registering memory for transport ") +
+                                  transports_[i]->name() + ": " + s.message());
+    }
+  }
   return Status::Ok();
 }
 
@@ -257,6 +292,11 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
     return s;
   }
   r.id = a.handle;
+  if (Status ps = PrepareLocalRegion(r); !ps.ok()) {
+    munmap(p, a.mapped_len);
+    if (a.memfd >= 0) ::close(a.memfd);
+    return ps;
+  }
   {
     std::lock_guard<std::mutex> lock(alloc_mu_);
     allocs_[p] = a;

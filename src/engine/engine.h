@@ -29,6 +29,7 @@
 #include "common/thread_pool.h"
 #include "common/wire.h"
 #include "control/protocol.h"
+#include "engine/naming.h"
 #include "engine/options.h"
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
@@ -39,9 +40,6 @@ namespace hixl {
 
 // Shared by engine.cc and control_plane.cc.
 namespace engine_detail {
-inline control::RegionDesc ToDesc(const memory::LocalRegion& r) {
-  return control::RegionDesc{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
-}
 inline constexpr int kIdleTickMs = 50;  // control-loop tick with nothing pending
 inline constexpr int kBusyTickMs = 1;   // while region revokes wait for acknowledgements
 }  // namespace engine_detail
@@ -68,6 +66,7 @@ class Hixl::Impl {
   Status Disconnect(const std::string& remote, int32_t timeout_ms);
   Status GetLinkType(const std::string& remote, LinkType& type) const;
   Status GetPeerGeneration(const std::string& remote, uint64_t& generation) const;
+  Status ListEngines(std::vector<EngineRecord>& out) const;
   uint64_t Generation() const { return initialized_.load() ? generation_ : 0; }
   Status SetLocalInfo(const std::string& info);
   Status GetPeerInfo(const std::string& remote, std::string& info) const;
@@ -96,6 +95,7 @@ class Hixl::Impl {
     std::string info;  // its SetLocalInfo string, from the welcome
     memory::RemoteRegionTable regions;
     std::unique_ptr<transport::Channel> channel;
+    const char* channel_transport = nullptr;  // the transport that made channel (its name)
     std::atomic<bool> alive{true};
     std::atomic<uint64_t> conn_id{0};   // its control connection (set on the loop)
     std::shared_ptr<Tx> tx;             // its control connection's sending half (set before use)
@@ -194,6 +194,11 @@ class Hixl::Impl {
                   std::shared_ptr<Peer>& out);
   void AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions);
   void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
+  // r's entry for peers, with each transport's part (Transport::DescribeRegion).
+  control::RegionDesc ToDesc(const memory::LocalRegion& r) const;
+  // Lets every transport prepare a just-added region; on an error undoes it
+  // (the region is removed again) and returns the error.
+  Status PrepareLocalRegion(const memory::LocalRegion& r);
   Status RevokeFromPeers(uint64_t region_id);
   void FreeAllocs();
 
@@ -234,6 +239,13 @@ class Hixl::Impl {
   memory::LocalRegions regions_;
   ThreadPool copy_pool_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
+  // Where a remote engine string leads: an "ip:port" is itself (key: its
+  // canonical form, want_gen 0); with MetadataServer, a name resolves to the
+  // registered address and generation (key: the name).
+  Status ResolveRemote(const std::string& remote, const char* what, net::HostPort& hp,
+                       std::string& key, uint64_t& want_gen);
+  engine::Naming naming_;
+  std::string unavailable_;  // why transports that failed to start did (set in Initialize)
   EventLoop loop_;
   net::Fd listen_fd_;
 

@@ -45,6 +45,9 @@ Status Hixl::GetPeerGeneration(const std::string& remote_engine, uint64_t& gener
   return impl_->GetPeerGeneration(remote_engine, generation);
 }
 uint64_t Hixl::Generation() const { return impl_->Generation(); }
+Status Hixl::ListEngines(std::vector<EngineRecord>& engines) const {
+  return impl_->ListEngines(engines);
+}
 Status Hixl::Disconnect(const std::string& remote_engine, int32_t timeout_ms) {
   return impl_->Disconnect(remote_engine, timeout_ms);
 }

@@ -110,6 +110,7 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
     PostLaneFence(weak.lock(), std::move(done));
   };
   std::string reasons;
+  info.chosen = opts_.link != LinkType::AUTO;
   for (auto& t : transports_) {
     if (opts_.link != LinkType::AUTO && t->link_type() != opts_.link) continue;
     auto it = w.transports.find(t->name());
@@ -120,10 +121,14 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
       continue;
     }
     Status s = t->Connect(info, deadline, peer->channel);
-    if (s.ok()) break;
+    if (s.ok()) {
+      peer->channel_transport = t->name();
+      break;
+    }
     reasons += (reasons.empty() ? "" : "; ") + s.message();
   }
   if (!peer->channel) {
+    if (reasons.empty() && !unavailable_.empty()) reasons = unavailable_;
     return Status::Unsupported("no transport can reach " + name + " (LinkType " +
                                LinkTypeName(opts_.link) +
                                "): " + (reasons.empty() ? "no transport available" : reasons));
@@ -137,7 +142,9 @@ void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionD
   for (const auto& d : regions) {
     if (peer.regions.Contains(d.id)) continue;
     auto r = std::make_shared<memory::RemoteRegion>(d.id, d.addr, d.len, d.perms, d.shareable);
-    if (Status s = peer.channel->PrepareRegion(*r); !s.ok()) {
+    const char* tname = peer.channel_transport;
+    auto it = tname == nullptr ? d.tp.end() : d.tp.find(tname);
+    if (Status s = peer.channel->PrepareRegion(*r, it == d.tp.end() ? nullptr : &*it); !s.ok()) {
       HIXL_LOG(WARN) << "region " << d.id << " of " << peer.name
                      << " is unusable: " << s.ToString();
       continue;
@@ -192,13 +199,41 @@ void Hixl::Impl::DropPeer(const std::shared_ptr<Peer>& peer, net::Deadline drain
   });
 }
 
+Status Hixl::Impl::ResolveRemote(const std::string& remote, const char* what, net::HostPort& hp,
+                                 std::string& key, uint64_t& want_gen) {
+  want_gen = 0;
+  Status parsed = net::ParseHostPort(remote, hp);
+  if (parsed.ok() && hp.port > 0) {
+    key = hp.ToString();
+    return Status::Ok();
+  }
+  if (!naming_.enabled()) {
+    if (!parsed.ok()) {
+      return Status::ParamInvalid(std::string(what) + ": '" + remote +
+                                  "' is not an ip:port address (" + parsed.message() +
+                                  "; engine names need the MetadataServer option)");
+    }
+    return Status::ParamInvalid(std::string(what) + ": '" + remote + "' names no port");
+  }
+  std::string address;
+  if (Status s = naming_.Resolve(remote, address, want_gen); !s.ok()) {
+    return Status(s.code(), std::string(what) + ": " + s.message());
+  }
+  if (Status s = net::ParseHostPort(address, hp); !s.ok() || hp.port <= 0) {
+    return Status::Failed(std::string(what) + ": the registry entry of '" + remote +
+                          "' has an unusable address '" + address + "'");
+  }
+  key = remote;
+  return Status::Ok();
+}
+
 Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (timeout_ms <= 0) return Status::ParamInvalid("Connect: timeout_ms must be > 0");
   net::HostPort hp;
-  if (Status s = net::ParseHostPort(remote, hp); !s.ok()) return s;
-  if (hp.port <= 0) return Status::ParamInvalid("Connect: '" + remote + "' names no port");
-  const std::string key = hp.ToString();
+  std::string key;
+  uint64_t want_gen = 0;
+  if (Status s = ResolveRemote(remote, "Connect", hp, key, want_gen); !s.ok()) return s;
   std::vector<std::shared_ptr<Peer>> evicted;
   Status room;
   {
@@ -228,6 +263,13 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   if (!s.ok()) {
     s = Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout : StatusCode::kFailed,
                "Connect to " + key + ": handshake failed: " + s.message());
+  } else if (want_gen != 0 && w.generation != want_gen) {
+    // Never link to a wrong engine: the registry's entry names another
+    // incarnation than the one answering at its address.
+    s = Status::Failed("Connect to " + key + ": the engine at " + hp.ToString() +
+                       " has generation " + std::to_string(w.generation) +
+                       ", the registry names generation " + std::to_string(want_gen) +
+                       " (a stale entry, or another engine now holds that address)");
   } else {
     s = MakePeer(key, hp.host, w, link_key, deadline, peer);
   }
@@ -260,9 +302,9 @@ Status Hixl::Impl::ConnectAsync(const std::string& remote, int32_t timeout_ms) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (timeout_ms <= 0) return Status::ParamInvalid("ConnectAsync: timeout_ms must be > 0");
   net::HostPort hp;
-  if (Status s = net::ParseHostPort(remote, hp); !s.ok()) return s;
-  if (hp.port <= 0) return Status::ParamInvalid("ConnectAsync: '" + remote + "' names no port");
-  const std::string key = hp.ToString();
+  std::string key;
+  uint64_t want_gen = 0;
+  if (Status s = ResolveRemote(remote, "ConnectAsync", hp, key, want_gen); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> plock(peers_mu_);
     if (peers_.count(key) != 0 || connecting_.count(key) != 0) {
@@ -336,6 +378,11 @@ Status Hixl::Impl::Disconnect(const std::string& remote, int32_t timeout_ms) {
   }
   DropPeer(peer, net::DeadlineAfterMs(timeout_ms), "disconnected");
   return Status::Ok();
+}
+
+Status Hixl::Impl::ListEngines(std::vector<EngineRecord>& out) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  return naming_.List(out);
 }
 
 Status Hixl::Impl::GetLinkType(const std::string& remote, LinkType& type) const {

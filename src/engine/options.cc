@@ -1,6 +1,11 @@
 #include "engine/options.h"
 
 #include "auth/auth.h"
+#include "transport/transport.h"
+#ifdef HIXL_HAVE_ETCD
+#include "discovery/entry.h"
+#include "discovery/etcd_client.h"
+#endif
 
 #include <cstdint>
 #include <functional>
@@ -42,11 +47,15 @@ Status ParseLinkType(Options& o, const std::string& value) {
   } else if (value == "TCP") {
     o.link = LinkType::TCP;
   } else if (value == "UCX" || value == "RDMA") {
+#ifdef HIXL_HAVE_UCX
+    o.link = LinkType::UCX;
+    return Status::Ok();
+#endif
     return Status::Unsupported(std::string("option ") + options::kLinkType + "='" + value +
                                "': this build has no such transport (available: AUTO, SHM, TCP)");
   } else {
     return Status::ParamInvalid(std::string("option ") + options::kLinkType + "='" + value +
-                                "': expected AUTO, SHM, HCCS or TCP");
+                                "': expected AUTO, SHM, HCCS, TCP, UCX or RDMA");
   }
   return Status::Ok();
 }
@@ -62,6 +71,48 @@ Status ParseAuthSecretFile(Options& o, const std::string& value) {
   return auth::ReadSecretFile(value, o.auth_secret);
 }
 
+Status ParseMetadataServer(Options& o, const std::string& value) {
+#ifdef HIXL_HAVE_ETCD
+  std::vector<discovery::EtcdEndpoint> eps;
+  if (Status s = discovery::ParseEtcdEndpoints(value, eps); !s.ok()) {
+    return Status::ParamInvalid(std::string("option ") + options::kMetadataServer + ": " +
+                                s.message());
+  }
+  o.metadata_server = value;
+  return Status::Ok();
+#else
+  (void)o;
+  (void)value;
+  return Status::Unsupported(std::string("option ") + options::kMetadataServer +
+                             ": this build has no etcd discovery (HIXL_WITH_ETCD)");
+#endif
+}
+
+Status ParseMetadataPrefix(Options& o, const std::string& value) {
+  bool ok = !value.empty() && value.size() <= 200;
+  for (char c : value) ok = ok && c > 0x20 && c < 0x7f;
+  if (!ok) {
+    return Status::ParamInvalid(std::string("option ") + options::kMetadataPrefix +
+                                ": expected 1..200 printable ASCII characters without spaces");
+  }
+  o.metadata_prefix = value;
+  return Status::Ok();
+}
+
+Status ParseEngineName(Options& o, const std::string& value) {
+  bool ok = !value.empty() && value.size() <= 128;
+  for (char c : value) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == ':' || c == '-');
+  }
+  if (!ok) {
+    return Status::ParamInvalid(std::string("option ") + options::kEngineName + "='" +
+                                value.substr(0, 140) + "': expected 1..128 of [A-Za-z0-9._:-]");
+  }
+  o.engine_name = value;
+  return Status::Ok();
+}
+
 template <typename T>
 std::function<void(Options&, int64_t)> Field(T Options::*field) {
   return [field](Options& o, int64_t v) { o.*field = static_cast<T>(v); };
@@ -69,17 +120,13 @@ std::function<void(Options&, int64_t)> Field(T Options::*field) {
 
 const std::vector<Spec>& Specs() {
   static const std::vector<Spec> specs = {
-      {options::kLinkType, 0, 0, "AUTO, SHM, HCCS or TCP", nullptr, ParseLinkType},
+      {options::kLinkType, 0, 0, "AUTO, SHM, HCCS, TCP, UCX or RDMA", nullptr, ParseLinkType},
       {options::kCopyThreads, 1, 64, "an integer 1..64", Field(&Options::copy_threads)},
       {options::kEnableUseFabricMem, 0, 1, "0 or 1", Field(&Options::fabric_mem)},
       {options::kDeregisterTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
        Field(&Options::dereg_timeout_ms)},
       {options::kHandshakeTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
        Field(&Options::handshake_timeout_ms)},
-      {options::kTcpLanes, 1, 64, "an integer 1..64", Field(&Options::tcp_lanes)},
-      {options::kTcpSliceSize, 4096, 64 << 20, "bytes 4096..67108864",
-       Field(&Options::tcp_slice_size)},
-      {options::kTcpIoThreads, 1, 16, "an integer 1..16", Field(&Options::tcp_io_threads)},
       {options::kHeartbeatIntervalMs, 10, 600000, "milliseconds 10..600000",
        Field(&Options::hb_interval_ms)},
       {options::kHeartbeatMisses, 1, 1000, "an integer 1..1000", Field(&Options::hb_misses)},
@@ -93,6 +140,11 @@ const std::vector<Spec>& Specs() {
       {options::kAuthSecret, 0, 0, "a secret of 16..4096 bytes", nullptr, ParseAuthSecret},
       {options::kAuthSecretFile, 0, 0, "a file holding the secret", nullptr, ParseAuthSecretFile},
       {options::kAuthRequired, 0, 1, "0 or 1", Field(&Options::auth_required)},
+      {options::kMetadataServer, 0, 0, "etcd://host:port[,host:port...]", nullptr,
+       ParseMetadataServer},
+      {options::kMetadataPrefix, 0, 0, "a key prefix", nullptr, ParseMetadataPrefix},
+      {options::kEngineName, 0, 0, "a name of [A-Za-z0-9._:-]", nullptr, ParseEngineName},
+      {options::kMetadataTtlS, 2, 3600, "seconds 2..3600", Field(&Options::metadata_ttl_s)},
   };
   return specs;
 }
@@ -103,13 +155,49 @@ const std::vector<std::string>& OptionKeys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& s : Specs()) k.emplace_back(s.key);
+    for (const auto& t : transport::TransportRegistry::Global().Options()) k.emplace_back(t.key);
     return k;
   }();
   return keys;
 }
 
+namespace {
+// A transport's own option: fills o.transport_settings; false when key is
+// no transport's.
+bool ParseTransportOption(const std::string& key, const std::string& value, Options& o,
+                          Status& st) {
+  for (const auto& t : transport::TransportRegistry::Global().Options()) {
+    if (key != t.key) continue;
+    int64_t v = 0;
+    if (!t.choices.empty()) {
+      bool found = false;
+      for (size_t i = 0; i < t.choices.size(); ++i) {
+        if (value == t.choices[i]) {
+          v = static_cast<int64_t>(i);
+          found = true;
+        }
+      }
+      if (!found) {
+        st = Status::ParamInvalid("option " + key + "='" + value + "': expected " + t.expect);
+        return true;
+      }
+    } else if (!ParseInt(value, t.lo, t.hi, v)) {
+      st = Status::ParamInvalid("option " + key + "='" + value + "': expected " + t.expect);
+      return true;
+    }
+    o.transport_settings[key] = v;
+    st = Status::Ok();
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
 Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) {
   Options o;
+  for (const auto& t : transport::TransportRegistry::Global().Options()) {
+    o.transport_settings[t.key] = t.def;
+  }
   if (in.count(options::kAuthSecret) != 0 && in.count(options::kAuthSecretFile) != 0) {
     return Status::ParamInvalid(std::string("options ") + options::kAuthSecret + " and " +
                                 options::kAuthSecretFile + " exclude each other: give one");
@@ -119,7 +207,14 @@ Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) 
     for (const auto& s : Specs()) {
       if (key == s.key) spec = &s;
     }
-    if (spec == nullptr) return Status::ParamInvalid("unknown option '" + key + "'");
+    if (spec == nullptr) {
+      Status st;
+      if (ParseTransportOption(key, value, o, st)) {
+        if (!st.ok()) return st;
+        continue;
+      }
+      return Status::ParamInvalid("unknown option '" + key + "'");
+    }
     if (spec->parse) {
       if (Status s = spec->parse(o, value); !s.ok()) return s;
       continue;
@@ -135,6 +230,12 @@ Status ParseOptions(const std::map<std::string, std::string>& in, Options& out) 
   } else if (o.auth_required && o.auth_secret.empty()) {
     return Status::ParamInvalid(std::string("option ") + options::kAuthRequired + "=1 needs " +
                                 options::kAuthSecret + " or " + options::kAuthSecretFile);
+  }
+  for (const char* k : {options::kMetadataPrefix, options::kEngineName, options::kMetadataTtlS}) {
+    if (in.count(k) != 0 && o.metadata_server.empty()) {
+      return Status::ParamInvalid(std::string("option ") + k + " needs " +
+                                  options::kMetadataServer);
+    }
   }
   const bool low_water_set = in.count(options::kPeersLowWater) != 0;
   if (low_water_set && o.max_peers == 0) {

@@ -20,9 +20,6 @@ struct Options {
   bool fabric_mem = true;
   int dereg_timeout_ms = 5000;
   int handshake_timeout_ms = 5000;
-  int tcp_lanes = 2;
-  size_t tcp_slice_size = 1u << 20;
-  int tcp_io_threads = 2;
   int hb_interval_ms = 1000;
   int hb_misses = 3;
   bool auto_connect = false;
@@ -32,9 +29,17 @@ struct Options {
   size_t notify_depth = 4096;
   std::string auth_secret;     // empty: no authentication
   bool auth_required = false;  // refuse peers that do not authenticate
+  std::string metadata_server;           // "etcd://..."; empty: no discovery
+  std::string metadata_prefix = "hixl/";
+  std::string engine_name;               // empty: the bound ip:port
+  int metadata_ttl_s = 10;
+  // Options a transport declares for itself (transport::TransportOption),
+  // each with its value or declared default.
+  std::map<std::string, int64_t> transport_settings;
 };
 
-// Every key Initialize accepts, in documentation order.
+// Every key Initialize accepts, in documentation order (the engine's own,
+// then each built-in transport's).
 const std::vector<std::string>& OptionKeys();
 
 // Parses Initialize's options: unknown keys, malformed or out-of-range

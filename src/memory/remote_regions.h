@@ -39,6 +39,9 @@ struct RemoteRegion {
   // the peer's memory (shm), unmapped when the region is destroyed.
   void* mapped = nullptr;
   size_t mapped_len = 0;
+  // Set by a transport before the region is published: what it needs to reach
+  // the region (UCX: the unpacked remote key), released with the region.
+  std::shared_ptr<void> transport_state;
 
   std::atomic<int64_t> users{0};
 };

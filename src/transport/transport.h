@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,18 @@ struct PeerInfo {
   // those transfers only from done, so nothing lands after they ended.
   // Never blocks; done may run on another thread.
   std::function<void(std::function<void()> done)> fence;
+  // The application chose this transport's LinkType (not AUTO).
+  bool chosen = false;
+};
+
+// An option a transport declares (its key is accepted by Initialize, its
+// value reaches the transport through TransportContext::Setting): an integer
+// in [lo, hi], or, with choices, one of those words (stored as its index).
+struct TransportOption {
+  const char* key;
+  int64_t lo, hi, def;
+  const char* expect;  // what an error message says a value must be
+  std::vector<std::string> choices = {};
 };
 
 // Engine services a transport may use. Pointers outlive the transport.
@@ -66,9 +79,11 @@ struct TransportContext {
   // about that long for answers of a stopped transfer before resetting.
   int hb_bound_ms = 3000;
   int hb_interval_ms = 1000;
-  int tcp_lanes = 2;
-  size_t tcp_slice_size = 1u << 20;
-  int tcp_io_threads = 2;
+  // Values of every transport's own options (TransportOption), defaults
+  // filled in; keyed by option name.
+  std::map<std::string, int64_t> settings;
+  // The value of option key (its declared default when absent).
+  int64_t Setting(const char* key) const;
 };
 
 class Channel {
@@ -76,8 +91,9 @@ class Channel {
   virtual ~Channel() = default;
   virtual LinkType link_type() const = 0;
   // Makes a remote region usable (e.g. maps the peer's shared memory) before
-  // the engine publishes it to transfers.
-  virtual Status PrepareRegion(memory::RemoteRegion& r) = 0;
+  // the engine publishes it to transfers. info: this transport's part of the
+  // region's entry (Transport::DescribeRegion on the target), or null.
+  virtual Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) = 0;
   // Starts t. When caller_waits the transport may run it on the calling
   // thread. The transport ends t exactly once (through Transfer::PartDone).
   virtual void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) = 0;
@@ -113,6 +129,19 @@ class Transport {
   // Target side: closes the data connections of conn_id's link and returns
   // once none of them can move another byte (PeerInfo::fence's far end).
   virtual void FenceLanes(uint64_t conn_id) { (void)conn_id; }
+  // Target side: r was just registered (before any peer hears of it). A
+  // transport that must prepare memory for remote access (UCX: map it, pack
+  // its remote key) does it here; an error fails the registration.
+  virtual Status AddRegion(const memory::LocalRegion& r) {
+    (void)r;
+    return Status::Ok();
+  }
+  // Target side: what a peer needs to reach r with this transport (sent in
+  // the region's entry of welcome and radd); leave info null for nothing.
+  virtual void DescribeRegion(const memory::LocalRegion& r, wire::Msg& info) const {
+    (void)r;
+    (void)info;
+  }
   // Target side: [addr, addr+len) is no longer registered. Returns once no
   // thread of this transport can still move bytes into or out of it.
   virtual void RevokeRegion(uintptr_t addr, size_t len) {
@@ -133,6 +162,7 @@ class TransportRegistry {
     LinkType type;
     int preference;  // lower is tried first under LinkType AUTO
     Factory factory;
+    std::vector<TransportOption> options = {};
   };
 
   // The process-wide registry, holding the built-in transports.
@@ -141,6 +171,8 @@ class TransportRegistry {
   void Register(Entry e);
   // Entries sorted by preference.
   std::vector<Entry> Entries() const;
+  // Every option of every registered transport.
+  std::vector<TransportOption> Options() const;
 
  private:
   mutable std::mutex mu_;

@@ -271,9 +271,18 @@ TEST(CApiEngine, CreateAndDestroy) {
   hixlDestroyConfig(c);
   EXPECT_ST(HIXL_PARAM_INVALID, hixlCreateEngine(c, &e));  // destroyed config
   EXPECT_EQ(e, nullptr);
+#ifdef HIXL_TEST_UCX
+  // RDMA/UCX: this build has the UCX transport.
+  for (const char* lt : {"RDMA", "UCX"}) {
+    ASSERT_ST(HIXL_SUCCESS, CreateWith({{HIXL_OPTION_LINK_TYPE, lt}}, &e));
+    EXPECT_ST(HIXL_SUCCESS, hixlDestroyEngine(e));
+    e = nullptr;
+  }
+#else
   // RDMA/UCX: not in this build.
   EXPECT_ST(HIXL_UNSUPPORTED, CreateWith({{HIXL_OPTION_LINK_TYPE, "RDMA"}}, &e));
   EXPECT_ST(HIXL_UNSUPPORTED, CreateWith({{HIXL_OPTION_LINK_TYPE, "UCX"}}, &e));
+#endif
   EXPECT_ST(HIXL_PARAM_INVALID, CreateWith({{"CopyThreads", "0"}}, &e));
   // The engine checks the values of the new options.
   EXPECT_ST(HIXL_PARAM_INVALID, CreateWith({{HIXL_OPTION_NOTIFY_QUEUE_DEPTH, "0"}}, &e));

@@ -146,6 +146,10 @@ TEST_P(DdLife, UnlinkRefusesTransfersAndRelinkWorks) {
 // times out and leaves the link usable (nothing of it lands afterwards, the
 // next transfer moves every byte); over shm it is one-sided and succeeds.
 TEST_P(DdLife, TimedOutTransferDoesNotPoisonTheLink) {
+  if (GetParam() == "UCX") {
+    GTEST_SKIP() << "UCX cannot cancel a posted operation: a transfer to a stopped owner ends when "
+                    "the owner answers or is declared dead, not at its deadline (docs/UCX.md)";
+  }
   PeerSpec fast;
   fast.wait_ms = 300;
   DdPeer* p = Spawn(1, "prompt", fast);
@@ -220,6 +224,10 @@ TEST_P(DdLife, TimedOutTransferDoesNotPoisonTheLink) {
 // timed out is not announced (else a prefill would free blocks the decode is
 // about to pull again), one that succeeded while the owner was stopped is.
 TEST_P(DdLife, TimedOutTransferIsNotAnnouncedToTheOwner) {
+  if (GetParam() == "UCX") {
+    GTEST_SKIP() << "UCX cannot cancel a posted operation: a transfer to a stopped owner ends when "
+                    "the owner answers or is declared dead, not at its deadline (docs/UCX.md)";
+  }
   PeerSpec fast;
   fast.wait_ms = 300;
   DdPeer* p = Spawn(1, "prompt", fast);

@@ -179,7 +179,7 @@ std::string CyclesName(const ::testing::TestParamInfo<std::tuple<std::string, Sh
   return std::get<0>(i.param) + "_" + std::get<1>(i.param).name;
 }
 INSTANTIATE_TEST_SUITE_P(Transports, ConnectCycles,
-                         ::testing::Combine(::testing::ValuesIn(hixl_test::AllLinkTypes()),
+                         ::testing::Combine(::testing::ValuesIn(hixl_test::LoadLinkTypes()),
                                             ::testing::ValuesIn(kShapes)),
                          CyclesName);
 
@@ -229,7 +229,7 @@ TEST_P(ManyTransfers, ResourcesStayFlat) {
   fleet.End();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ManyTransfers, ::testing::ValuesIn(hixl_test::AllLinkTypes()),
+INSTANTIATE_TEST_SUITE_P(Transports, ManyTransfers, ::testing::ValuesIn(hixl_test::LoadLinkTypes()),
                          LinkParamName);
 
 }  // namespace

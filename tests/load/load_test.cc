@@ -208,7 +208,7 @@ TEST_P(ManyToOne, EveryByteAndEveryNotificationAccountedFor) {
   fleet.End();
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ManyToOne, ::testing::ValuesIn(hixl_test::AllLinkTypes()),
+INSTANTIATE_TEST_SUITE_P(Transports, ManyToOne, ::testing::ValuesIn(hixl_test::LoadLinkTypes()),
                          LinkParamName);
 
 // ---------------------------------------------------------------------------

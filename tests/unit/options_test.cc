@@ -30,10 +30,41 @@ TEST(Options, EveryPublicKeyIsKnownOnce) {
         options::kTcpSliceSize, options::kTcpIoThreads, options::kHeartbeatIntervalMs,
         options::kHeartbeatMisses, options::kAutoConnect, options::kConnectTimeoutMs,
         options::kMaxPeers, options::kPeersLowWater, options::kNotifyQueueDepth,
-        options::kAuthSecret, options::kAuthSecretFile, options::kAuthRequired}) {
+        options::kAuthSecret, options::kAuthSecretFile, options::kAuthRequired,
+        options::kMetadataServer, options::kMetadataPrefix, options::kEngineName,
+        options::kMetadataTtlS}) {
     EXPECT_EQ(unique.count(k), 1u) << k;
   }
-  EXPECT_EQ(keys.size(), 18u) << "a key was added: list it above too";
+#ifdef HIXL_HAVE_UCX
+  EXPECT_EQ(unique.count(options::kUcxErrorHandling), 1u);
+  EXPECT_EQ(keys.size(), 23u) << "a key was added: list it above too";
+#else
+  EXPECT_EQ(keys.size(), 22u) << "a key was added: list it above too";
+#endif
+}
+
+TEST(Options, DiscoverySettings) {
+  Options o;
+#ifdef HIXL_HAVE_ETCD
+  ASSERT_TRUE(Parse({{"MetadataServer", "etcd://127.0.0.1:2379,10.0.0.2:2379"},
+                     {"EngineName", "decode-3"},
+                     {"MetadataTtlS", "5"}},
+                    &o)
+                  .ok());
+  EXPECT_EQ(o.engine_name, "decode-3");
+  EXPECT_EQ(o.metadata_prefix, "hixl/");
+  EXPECT_EQ(o.metadata_ttl_s, 5);
+  EXPECT_EQ(Parse({{"MetadataServer", "http://127.0.0.1:2379"}}).code(),
+            StatusCode::kParamInvalid);
+  EXPECT_EQ(Parse({{"MetadataServer", "etcd://127.0.0.1:2379"}, {"EngineName", "a b"}}).code(),
+            StatusCode::kParamInvalid);
+  EXPECT_EQ(Parse({{"MetadataServer", "etcd://127.0.0.1:2379"}, {"MetadataPrefix", ""}}).code(),
+            StatusCode::kParamInvalid);
+#else
+  EXPECT_EQ(Parse({{"MetadataServer", "etcd://127.0.0.1:2379"}}).code(), StatusCode::kUnsupported);
+#endif
+  EXPECT_EQ(Parse({{"EngineName", "decode-3"}}).code(), StatusCode::kParamInvalid)
+      << "EngineName needs MetadataServer";
 }
 
 TEST(Options, AuthenticationSettings) {
@@ -68,13 +99,19 @@ TEST(Options, DefaultsAndValues) {
   EXPECT_EQ(o.link, LinkType::SHM);
   EXPECT_EQ(o.hb_interval_ms, 10);
   EXPECT_TRUE(o.auto_connect);
-  EXPECT_EQ(o.tcp_slice_size, size_t{64} << 20);
+  EXPECT_EQ(o.transport_settings.at("TcpSliceSize"), int64_t{64} << 20);
+  EXPECT_EQ(o.transport_settings.at("TcpLanes"), 2);  // a transport option's default
   EXPECT_EQ(o.notify_depth, 1u);
 }
 
 TEST(Options, BadValuesAreRefused) {
   EXPECT_EQ(Parse({{"Nope", "1"}}).code(), StatusCode::kParamInvalid);
+#ifdef HIXL_HAVE_UCX
+  EXPECT_TRUE(Parse({{"LinkType", "RDMA"}}).ok());
+  EXPECT_EQ(Parse({{"UcxErrorHandling", "SOMETIMES"}}).code(), StatusCode::kParamInvalid);
+#else
   EXPECT_EQ(Parse({{"LinkType", "RDMA"}}).code(), StatusCode::kUnsupported);
+#endif
   EXPECT_EQ(Parse({{"LinkType", "shm"}}).code(), StatusCode::kParamInvalid);
   for (const auto& [k, v] :
        std::map<std::string, std::string>{{"HeartbeatIntervalMs", "9"},

@@ -171,16 +171,48 @@ double JainIndex(const std::vector<double>& x) {
 
 // ----------------------------------------------------------------- output ---
 
+std::string LinkTypeOption(const std::string& transport) {
+  if (transport == "tcp") return "TCP";
+  if (transport == "ucx") return "UCX";
+  return "SHM";
+}
+
+namespace {
+// JSON string contents: quotes, backslashes and control characters escaped.
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 void PrintJson(const Measurement& m) {
   std::printf(
       "{\"transport\":\"%s\",\"mem\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
       ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"iters\":%" PRIu64
-      ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,\"baseline\":\"%s\""
-      ",\"baseline_gbps\":%.4f,\"baseline_p50_us\":%.3f,\"baseline_threads\":%" PRIu64
-      ",\"ratio\":%.4f",
+      ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f",
       m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch, m.threads,
-      m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.baseline.c_str(), m.base_gbps, m.base_p50_us,
-      m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0);
+      m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us);
+  if (!m.has_baseline) {
+    // No baseline ran (ucx_perftest missing or failed): no ratio either.
+    std::printf(",\"baseline\":\"none\"");
+  } else {
+    std::printf(",\"baseline\":\"%s\",\"baseline_gbps\":%.4f,\"baseline_p50_us\":%.3f"
+                ",\"baseline_threads\":%" PRIu64 ",\"ratio\":%.4f",
+                m.baseline.c_str(), m.base_gbps, m.base_p50_us, m.base_threads, m.Ratio());
+    if (m.ratio_of != "gbps") std::printf(",\"ratio_of\":\"%s\"", m.ratio_of.c_str());
+  }
+  if (!m.baseline_note.empty())
+    std::printf(",\"baseline_note\":\"%s\"", JsonEscape(m.baseline_note).c_str());
   if (m.before_gbps > 0) {
     std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
                 m.before_gbps, m.gbps / m.before_gbps);
@@ -189,20 +221,41 @@ void PrintJson(const Measurement& m) {
   std::fflush(stdout);
 }
 
-void PrintTableHeader() {
+void PrintTableHeader(const std::string& transport) {
+  if (transport == "ucx") {
+    // ratio: GB/s over perftest's for bandwidth rows, perftest p50 over ours for
+    // the latency row: > 1 means hixl is faster either way.
+    std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %7s %9s %9s %9s %9s %-12s %9s %9s %7s %s\n",
+                 "mem", "mode", "op", "block", "batch", "iters", "GB/s", "avg_us", "p50_us",
+                 "p99_us", "perftest", "pt_GB/s", "pt_p50_us", "ratio", "verified");
+    return;
+  }
   std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %3s %7s %9s %9s %9s %9s %9s %4s %7s %s\n", "mem",
                "mode", "op", "block", "batch", "thr", "iters", "GB/s", "avg_us", "p50_us", "p99_us",
                "baseline", "bthr", "ratio", "verified");
 }
 
 void PrintTableRow(const Measurement& m) {
+  const char* verified = m.verified < 0 ? "-" : (m.verified ? "yes" : "NO");
+  if (m.transport == "ucx") {
+    std::string test = m.has_baseline ? m.baseline : "none";
+    if (test.rfind("ucx_perftest:", 0) == 0) test = test.substr(13);
+    char ratio[32] = "-";
+    if (m.has_baseline) std::snprintf(ratio, sizeof ratio, "%.3f", m.Ratio());
+    std::fprintf(stderr,
+                 "%-6s %-9s %-5s %6s %5" PRIu64 " %7" PRIu64
+                 " %9.3f %9.2f %9.2f %9.2f %-12s %9.3f %9.2f %7s %s\n",
+                 m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
+                 m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, test.c_str(), m.base_gbps,
+                 m.base_p50_us, ratio, verified);
+    return;
+  }
   std::fprintf(stderr,
                "%-6s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
                " %9.3f %9.2f %9.2f %9.2f %9.3f %4" PRIu64 " %7.3f %s\n",
                m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
                m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps,
-               m.base_threads, m.base_gbps > 0 ? m.gbps / m.base_gbps : 0.0,
-               m.verified < 0 ? "-" : (m.verified ? "yes" : "NO"));
+               m.base_threads, m.Ratio(), verified);
 }
 
 // --------------------------------------------------------------- progress ---

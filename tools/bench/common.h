@@ -109,10 +109,26 @@ struct Measurement {
   std::string baseline = "memcpy";
   double before_gbps = 0;  // tcp: the staged socket path, same run
   int verified = -1;       // -1: not checked
+  // ucx: the baseline is an external ucx_perftest run, which may be missing.
+  bool has_baseline = true;   // false: "baseline":"none", no ratio
+  std::string baseline_note;  // why there is none (or which perftest test ran)
+  // ratio < 0: gbps / base_gbps. Latency rows against ucp_put_lat set it to
+  // base_p50_us / p50_us, so > 1 means hixl is faster in both cases.
+  double ratio = -1;
+  std::string ratio_of = "gbps";  // "gbps" | "p50_us"
+  double Ratio() const {
+    if (!has_baseline) return 0;
+    if (ratio >= 0) return ratio;
+    return base_gbps > 0 ? gbps / base_gbps : 0.0;
+  }
 };
 
+// The Initialize LinkType value for a --transport name (shm, tcp, ucx).
+std::string LinkTypeOption(const std::string& transport);
+
 void PrintJson(const Measurement& m);
-void PrintTableHeader();
+// transport "ucx": the ucx_perftest columns.
+void PrintTableHeader(const std::string& transport = "");
 void PrintTableRow(const Measurement& m);
 
 // A line on stderr redrawn in place ("  [12/54] shm write 1M threads 2"), only

@@ -58,6 +58,8 @@ std::map<std::string, std::string> EngineOptions(const Options& o, const std::st
     opts[hixl::options::kLinkType] = "TCP";
     opts[hixl::options::kTcpLanes] = std::to_string(threads);
     if (o.slice != 0) opts[hixl::options::kTcpSliceSize] = std::to_string(o.slice);
+  } else if (transport == "ucx") {
+    opts[hixl::options::kLinkType] = "UCX";  // no thread option; memcpy stays the baseline
   } else {
     opts[hixl::options::kLinkType] = "SHM";
     opts[hixl::options::kCopyThreads] = std::to_string(threads);

@@ -25,7 +25,7 @@ int RunControl(const Options& o) {
   const Target target = StartTarget(child, o, o.mems.front());
   hixl::Hixl engine;
   Check(engine.Initialize("127.0.0.1",
-                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+                          {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
         "Initialize");
   constexpr int kN = 200;
   auto report = [](const char* what, std::vector<double>& us) {
@@ -43,7 +43,7 @@ int RunControl(const Options& o) {
     connect_us.push_back(Seconds(a, Clock::now()) * 1e6);
     Check(engine.Disconnect(target.engine), "Disconnect");
   }
-  report(o.transport == "tcp" ? "connect (tcp)" : "connect (shm)", connect_us);
+  report(("connect (" + o.transport + ")").c_str(), connect_us);
   // 1 GiB of untouched anonymous memory, as a KV pool would be before use.
   const size_t gib = size_t{1} << 30;
   void* mem = mmap(nullptr, gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -75,7 +75,7 @@ int RunNotify(const Options& o) {
   const Target target = StartTarget(child, o, o.mems.front());
   hixl::Hixl engine;
   Check(engine.Initialize("127.0.0.1",
-                          {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+                          {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
         "Initialize");
   Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
   const uint64_t n = o.iters ? o.iters : 5000;
@@ -137,7 +137,7 @@ int RunFailover(const Options& o) {
       const Target target = StartTarget(child, o, o.mems.front());
       hixl::Hixl engine;
       Check(engine.Initialize("127.0.0.1",
-                              {{hixl::options::kLinkType, o.transport == "tcp" ? "TCP" : "SHM"}}),
+                              {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
             "Initialize");
       Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
       const size_t len = std::min<size_t>(target.len, 64 * MiB);

@@ -13,10 +13,14 @@ void Usage() {
       "  --blocks 4K,64K,1M,...      block sizes (default 4K,16K,64K,256K,1M,4M,16M,64M,128M)\n"
       "  --batch 1,128,1024          descriptors per transfer (default 1)\n"
       "  --threads 1,2               CopyThreads (shm) or TcpLanes (tcp) values, one engine each\n"
-      "                              (default 1,2)\n"
-      "  --transport shm|tcp         link to force (default shm); tcp compares with a plain\n"
+      "                              (default 1,2; ucx: 1, the value is not passed on)\n"
+      "  --transport shm|tcp|ucx     link to force (default shm); tcp compares with a plain\n"
       "                              blocking socket pair (1 MiB send calls) and reports the\n"
-      "                              staged path (copy, send, receive, copy) as before_gbps\n"
+      "                              staged path (copy, send, receive, copy) as before_gbps;\n"
+      "                              ucx (LinkType=UCX, UCX layers from UCX_TLS etc.) compares\n"
+      "                              with ucx_perftest run in the same run and environment\n"
+      "                              (ucp_put_bw/ucp_get for sweeps, ucp_put_lat for --latency;\n"
+      "                              $HIXL_BENCH_UCX_PERFTEST overrides the binary)\n"
       "  --slice SIZE                tcp: TcpSliceSize (default: the engine's)\n"
       "  --mem alloc|malloc|both     target region from AllocMem or malloc+RegisterMem (default "
       "alloc)\n"
@@ -65,7 +69,8 @@ Options ParseArgs(int argc, char** argv) {
       o.serve = true;
     else if (a == "--transport") {
       o.transport = value();
-      if (o.transport != "shm" && o.transport != "tcp") Fail("--transport must be shm or tcp");
+      if (o.transport != "shm" && o.transport != "tcp" && o.transport != "ucx")
+        Fail("--transport must be shm, tcp or ucx");
       o.transport_given = true;
     } else if (a == "--slice")
       o.slice = ParseSize(value());
@@ -138,6 +143,8 @@ Options ParseArgs(int argc, char** argv) {
       Fail("unknown option '" + a + "'");
     }
   }
+  // ucx has no thread/lane option: one engine unless --threads asks for more.
+  if (o.transport == "ucx" && !o.threads_given) o.threads = {1};
   return o;
 }
 

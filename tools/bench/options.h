@@ -11,7 +11,7 @@ namespace hixl_bench {
 
 struct Options {
   bool serve = false;
-  std::string transport = "shm";  // shm | tcp
+  std::string transport = "shm";  // shm | tcp | ucx
   uint64_t slice = 0;             // tcp: TcpSliceSize (0: engine default)
   bool do_write = true, do_read = true;
   std::vector<uint64_t> blocks = {4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB,

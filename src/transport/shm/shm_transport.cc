@@ -240,7 +240,7 @@ class ShmChannel final : public Channel {
     cma_error_ = std::move(why);
   }
 
-  Status PrepareRegion(memory::RemoteRegion& r) override;
+  Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) override;
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
   void Close(net::Deadline) override {
     // Copies are done by this process: each part stops at its next chunk and
@@ -314,7 +314,7 @@ Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
   return Status::Ok();
 }
 
-Status ShmChannel::PrepareRegion(memory::RemoteRegion& r) {
+Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg*) {
   if (!r.shareable) return Status::Ok();
   wire::Msg req = wire::Msg::object();
   req["t"] = "getfd";

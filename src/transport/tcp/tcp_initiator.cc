@@ -373,7 +373,7 @@ void TcpChannel::Close(net::Deadline drain_until) {
 
 void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   (void)caller_waits;
-  const size_t slice = std::clamp<size_t>(ctx_.tcp_slice_size, 4096, kMaxSlice);
+  const size_t slice = std::clamp<size_t>(static_cast<size_t>(ctx_.Setting(options::kTcpSliceSize)), 4096, kMaxSlice);
   size_t count = 0;
   for (const auto& s : t->slices) count += (s.len + slice - 1) / slice;
   t->SetParts(static_cast<int>(count));

@@ -278,7 +278,7 @@ class TcpChannel final : public Channel {
       : ctx_(ctx), engine_(std::move(engine)), lanes_(std::move(lanes)) {}
   ~TcpChannel() override { Close(net::Clock::now()); }
   LinkType link_type() const override { return LinkType::TCP; }
-  Status PrepareRegion(memory::RemoteRegion&) override { return Status::Ok(); }
+  Status PrepareRegion(memory::RemoteRegion&, const wire::Msg*) override { return Status::Ok(); }
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
   void Close(net::Deadline drain_until) override;
   Status Health() const override {

@@ -22,7 +22,7 @@
 namespace hixl::transport::tcp {
 
 Status TcpTransport::Start() {
-  size_t n = static_cast<size_t>(std::max(1, ctx_.tcp_io_threads));
+  size_t n = static_cast<size_t>(std::max<int64_t>(1, ctx_.Setting(options::kTcpIoThreads)));
   for (size_t i = 0; i < n; ++i) {
     auto loop = std::make_unique<EventLoop>();
     if (i == 0 && ctx_.listening) loop->SetTicker([this] { ExpireHellos(); }, 100);
@@ -148,7 +148,7 @@ Status TcpTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
     return Status::Failed("peer " + peer.engine + " sent a malformed tcp endpoint");
   }
   std::vector<std::shared_ptr<ClientLane>> lanes;
-  for (int i = 0; i < std::max(1, ctx_.tcp_lanes); ++i) {
+  for (int64_t i = 0; i < std::max<int64_t>(1, ctx_.Setting(options::kTcpLanes)); ++i) {
     net::Fd fd;
     net::HostPort hp{peer.address, static_cast<int>(port)};
     if (Status s = net::TcpConnect(hp, deadline, fd); !s.ok()) {
@@ -227,6 +227,14 @@ void TcpTransport::ExpireHellos() {
                          std::to_string(ctx_.handshake_timeout_ms) + " ms)");
     return true;
   });
+}
+
+std::vector<TransportOption> TcpOptions() {
+  return {
+      {options::kTcpLanes, 1, 64, 2, "an integer 1..64"},
+      {options::kTcpSliceSize, 4096, 64 << 20, 1 << 20, "bytes 4096..67108864"},
+      {options::kTcpIoThreads, 1, 16, 2, "an integer 1..16"},
+  };
 }
 
 std::unique_ptr<Transport> MakeTcpTransport(const TransportContext& ctx) {

@@ -28,6 +28,8 @@
 namespace hixl::transport::tcp {
 
 std::unique_ptr<Transport> MakeTcpTransport(const TransportContext& ctx);
+// The tcp transport's own Initialize options (TcpLanes, TcpSliceSize, TcpIoThreads).
+std::vector<TransportOption> TcpOptions();
 
 }  // namespace hixl::transport::tcp
 

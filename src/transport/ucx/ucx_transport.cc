@@ -1,0 +1,158 @@
+// The UCX transport object: the engine's worker, the target's mapped regions
+// (memory handle + packed remote key each), describing them to peers, and
+// connecting (one UcxChannel per link; ucx_channel.cc).
+#include "transport/ucx/ucx_transport.h"
+
+#include <map>
+#include <mutex>
+
+#include "common/host.h"
+#include "common/log.h"
+#include "transport/ucx/ucx_channel.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace hixl::transport::ucx {
+namespace {
+
+class UcxTransport : public Transport {
+ public:
+  explicit UcxTransport(const TransportContext& ctx) : ctx_(ctx) {}
+  ~UcxTransport() override { Stop(); }
+
+  const char* name() const override { return "ucx"; }
+  LinkType link_type() const override { return LinkType::UCX; }
+
+  Status Start() override {
+    if (Status s = Worker::Create(worker_); !s.ok()) return s;
+    eps_ = std::make_shared<EndpointCache>(worker_);
+    return Status::Ok();
+  }
+
+  void Stop() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [addr, m] : mapped_) ucp_mem_unmap(worker_->context(), m.memh);
+    mapped_.clear();
+    // Channels and remote keys hold the worker until they go.
+    eps_.reset();
+    worker_.reset();
+  }
+
+  void DescribeForPeer(uint64_t, const auth::Key*, wire::Msg& info) override {
+    if (!worker_) return;
+    info = wire::Msg::object();
+    info["addr"] = wire::Msg::binary(worker_->address());
+  }
+  void ForgetPeer(uint64_t) override {}
+
+  Status AddRegion(const memory::LocalRegion& r) override {
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                   UCP_MEM_MAP_PARAM_FIELD_PROT;
+    p.address = reinterpret_cast<void*>(r.addr);
+    p.length = r.len;
+    p.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
+    if (r.perms & MEM_PERM_READ) p.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
+    if (r.perms & MEM_PERM_WRITE) p.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
+    Mapped m;
+    if (ucs_status_t s = ucp_mem_map(worker_->context(), &p, &m.memh); s != UCS_OK) {
+      return UcxStatus("ucp_mem_map", s);
+    }
+    void* packed = nullptr;
+    size_t len = 0;
+    if (ucs_status_t s = ucp_rkey_pack(worker_->context(), m.memh, &packed, &len); s != UCS_OK) {
+      ucp_mem_unmap(worker_->context(), m.memh);
+      return UcxStatus("ucp_rkey_pack", s);
+    }
+    const auto* b = static_cast<const uint8_t*>(packed);
+    m.rkey.assign(b, b + len);
+    ucp_rkey_buffer_release(packed);
+    std::lock_guard<std::mutex> lock(mu_);
+    mapped_[r.addr] = std::move(m);
+    return Status::Ok();
+  }
+
+  void DescribeRegion(const memory::LocalRegion& r, wire::Msg& info) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = mapped_.find(r.addr);
+    if (it == mapped_.end()) return;
+    info = wire::Msg::object();
+    info["rkey"] = wire::Msg::binary(it->second.rkey);
+  }
+
+  void RevokeRegion(uintptr_t addr, size_t) override {
+    // Every peer confirmed it stopped using the region (its transfers ended
+    // after their flush, so no emulated put/get is left to serve).
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = mapped_.find(addr);
+    if (it == mapped_.end()) return;
+    ucp_mem_unmap(worker_->context(), it->second.memh);
+    mapped_.erase(it);
+  }
+
+  bool CanReach(const PeerInfo& peer, std::string& why) const override {
+    if (peer.info == nullptr || !peer.info->is_object() || !peer.info->contains("addr")) {
+      why = "peer " + peer.engine + " offers no UCX endpoint (its build has no UCX, or UCX failed "
+            "to start there)";
+      return false;
+    }
+    if (!peer.chosen && !HaveRdmaDevice()) {
+      why = "ucx: LinkType AUTO uses UCX only on hosts with an RDMA device (none in "
+            "/sys/class/infiniband); LinkType=UCX selects it anyway";
+      return false;
+    }
+    return true;
+  }
+
+  Status Connect(const PeerInfo& peer, net::Deadline deadline,
+                 std::unique_ptr<Channel>& out) override {
+    const wire::Msg& a = (*peer.info)["addr"];
+    if (!a.is_binary() || a.get_binary().empty() || a.get_binary().size() > 65536) {
+      return Status::Failed("peer " + peer.engine + " sent a malformed UCX worker address");
+    }
+    bool err_peer = true;
+    switch (ctx_.Setting(kUcxErrorHandling)) {
+      case kErrPeer: err_peer = true; break;
+      case kErrNone: err_peer = false; break;
+      default:
+        // NONE only where shared memory carries the link: under PEER UCX 1.13
+        // refuses it, and under NONE a peer lost on a network layer (tcp,
+        // verbs) can take this process down with it.
+        err_peer = peer.host_id != host::HostIdentity() || !worker_->has_shared_memory();
+        break;
+    }
+    auto ch =
+        std::make_unique<UcxChannel>(worker_, eps_, peer.engine, err_peer, ctx_.hb_bound_ms);
+    if (Status s = ch->Open(a.get_binary(), deadline); !s.ok()) return s;
+    if (!err_peer && !ch->on_shared_memory()) {
+      HIXL_LOG(WARN) << "ucx link to " << peer.engine << " runs on " << ch->layers()
+                     << " under UcxErrorHandling=NONE: UCX cannot survive this peer's loss there "
+                        "(use PEER)";
+    }
+    out = std::move(ch);
+    return Status::Ok();
+  }
+
+ private:
+  struct Mapped {
+    ucp_mem_h memh = nullptr;
+    std::vector<uint8_t> rkey;
+  };
+
+  TransportContext ctx_;
+  std::shared_ptr<Worker> worker_;
+  std::shared_ptr<EndpointCache> eps_;
+  mutable std::mutex mu_;
+  std::map<uintptr_t, Mapped> mapped_;
+};
+
+}  // namespace
+
+std::vector<TransportOption> UcxOptions() {
+  return {{kUcxErrorHandling, 0, 2, kErrAuto, "AUTO, PEER or NONE", {"AUTO", "PEER", "NONE"}}};
+}
+
+std::unique_ptr<Transport> MakeUcxTransport(const TransportContext& ctx) {
+  return std::make_unique<UcxTransport>(ctx);
+}
+
+}  // namespace hixl::transport::ucx

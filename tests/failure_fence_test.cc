@@ -1,0 +1,286 @@
+// tests/failure_fence_test.cc — the timeout fence and async deadlines: a
+// transfer that returned TIMEOUT (or CANCELLED) never writes a byte
+// afterwards, into either side's memory, on tcp (a stopped target), shm (the
+// initiator's own copy threads) and UCX; async deadlines and CancelTransfer
+// against a stopped target. Fixtures and helpers: failure_common.h.
+#include "failure_common.h"
+
+namespace {
+
+using namespace failure_test;  // NOLINT: the suite's shared fixtures and helpers
+
+// ---------------------------------------------------------------------------
+// f. The timeout fence: a transfer that returned TIMEOUT never writes a byte
+// afterwards, into either side's memory.
+
+// A target stopped for 1.5 s (not long enough to be declared dead with the
+// default heartbeats, 1000 ms x 3) and a transfer with a 200 ms deadline.
+// After the transfer returned, nothing of it lands, and the link still works.
+class StoppedTargetFence : public FailureBase, public ::testing::WithParamInterface<TransferOp> {
+ protected:
+  // must_time_out: the transfer cannot complete without the target (else it
+  // may, and then its bytes must all be there).
+  void Run(bool must_time_out) {
+    const TransferOp op = GetParam();
+    PeerProcess* peer = StartPeer();
+    ASSERT_NE(peer, nullptr);
+    const size_t n = 64 * kMiB / kDiv;
+    const uintptr_t remote = peer->Reg("R", n);
+    ASSERT_NE(remote, 0u);
+    ASSERT_TRUE(peer->Ok("fillpat R 9"));
+    HIXL_ASSERT_OK(Init(engine_));
+    ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+    Buffer& local = KeptBuffer(n);
+    if (op == TransferOp::WRITE) hixl_test::FillPattern(local.data(), n, 10);
+
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    const auto t0 = Clock::now();
+    Status s = engine_.TransferSync(peer->engine(), op, {{local.addr(), remote, n}}, 200);
+    Measured("returned_ms", ElapsedMs(t0));
+    if (must_time_out) {
+      EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+    } else {
+      EXPECT_TRUE(s.ok() || s.code() == StatusCode::kTimeout) << s.ToString();
+    }
+    if (op == TransferOp::WRITE) {
+      // Sent at once: if the peer is still stopped, the fill runs the moment
+      // it resumes, racing with anything of the transfer still on its way.
+      ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+      JoinConts();
+      SleepMs(500);
+      EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAB, n))
+          << "bytes of the WRITE landed after it returned " << s.ToString();
+      EXPECT_EQ(peer->Send("canary R"), "OK intact");
+    } else {
+      if (s.ok()) {
+        EXPECT_EQ(local.HashHex(), peer->Hash("R", 0, n));
+      }
+      std::memset(local.data(), 0xAB, n);
+      JoinConts();
+      SleepMs(500);
+      EXPECT_EQ(local.HashHex(), ConstHashHex(0xAB, n))
+          << "bytes of the READ landed after it returned " << s.ToString();
+    }
+    // The peer was never declared dead: the link still works.
+    Buffer small(64 * kKiB);
+    hixl_test::FillPattern(small.data(), small.size(), 11);
+    HIXL_EXPECT_OK(Write(engine_, *peer, small.addr(), remote, small.size(), 10000));
+    EXPECT_EQ(peer->Hash("R", 0, small.size()), small.HashHex());
+  }
+};
+
+std::string OpName(const ::testing::TestParamInfo<TransferOp>& i) {
+  return i.param == TransferOp::WRITE ? "WRITE" : "READ";
+}
+
+// tcp: the target's own threads move the bytes; the transfer may return only
+// after the target resumed, TIMEOUT.
+class FailureTcpFenceTest : public StoppedTargetFence {
+ protected:
+  FailureTcpFenceTest() { link_ = "TCP"; }
+};
+TEST_P(FailureTcpFenceTest, NothingLandsAfterATimeout) { Run(/*must_time_out=*/true); }
+INSTANTIATE_TEST_SUITE_P(Ops, FailureTcpFenceTest, Values(TransferOp::WRITE, TransferOp::READ),
+                         OpName);
+
+#ifdef HIXL_TEST_UCX
+// ucx: over a network layer (UCX_TLS=tcp,self) the target's progress thread
+// serves the emulated put/get, so the transfer waits for its flush and
+// returns TIMEOUT; over shared memory + cma the initiator may copy by itself
+// and complete.
+class FailureUcxFenceTest : public StoppedTargetFence {
+ protected:
+  FailureUcxFenceTest() { link_ = "UCX"; }
+};
+TEST_P(FailureUcxFenceTest, NothingLandsAfterTheTransferReturned) { Run(/*must_time_out=*/false); }
+INSTANTIATE_TEST_SUITE_P(Ops, FailureUcxFenceTest, Values(TransferOp::WRITE, TransferOp::READ),
+                         OpName);
+#endif
+
+// shm: the initiator copies by itself; a 512 MiB transfer with a 1 ms
+// deadline times out (a rep that happens to complete is skipped), and the
+// copy threads must have stopped when it returns. AllocMem memory (mapped)
+// and plain registered memory (CMA).
+class FailureShmFenceTest
+    : public FailureBase,
+      public ::testing::WithParamInterface<std::tuple<TransferOp, std::string>> {
+ protected:
+  FailureShmFenceTest() { link_ = "SHM"; }
+};
+
+TEST_P(FailureShmFenceTest, NothingLandsAfterATimeout) {
+  const TransferOp op = std::get<0>(GetParam());
+  const std::string kind = std::get<1>(GetParam());
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 512 * kMiB / kDiv;
+  const uintptr_t remote = kind == "alloc" ? peer->Alloc("R", n) : peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fill R 0x3C"));
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& local = KeptBuffer(n, 0x3D);
+  const std::string want = ConstHashHex(0xAB, n);
+
+  int timeouts = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    if (op == TransferOp::WRITE) std::memset(local.data(), 0x40 + rep, n);
+    const auto t0 = Clock::now();
+    Status s = engine_.TransferSync(peer->engine(), op, {{local.addr(), remote, n}}, 1);
+    const long ms = ElapsedMs(t0);
+    Measured("rep" + std::to_string(rep) + "_returned_ms", ms);
+    if (s.ok()) {
+      std::cout << "rep " << rep << ": completed within 1 ms, skipped" << std::endl;
+      continue;
+    }
+    EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+    if (s.code() != StatusCode::kTimeout) continue;
+    ++timeouts;
+    if (op == TransferOp::WRITE) {
+      ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+      SleepMs(500);
+      EXPECT_EQ(peer->Hash("R", 0, n), want)
+          << "rep " << rep << ": bytes of the timed-out WRITE landed after it returned";
+    } else {
+      std::memset(local.data(), 0xAB, n);
+      SleepMs(500);
+      EXPECT_EQ(local.HashHex(), want)
+          << "rep " << rep << ": bytes of the timed-out READ landed after it returned";
+    }
+  }
+  std::cout << timeouts << " of 2 reps timed out" << std::endl;
+  EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  // The link still works.
+  Buffer small(64 * kKiB);
+  hixl_test::FillPattern(small.data(), small.size(), 12);
+  HIXL_EXPECT_OK(Write(engine_, *peer, small.addr(), remote, small.size(), 10000));
+  EXPECT_EQ(peer->Hash("R", 0, small.size()), small.HashHex());
+}
+
+std::string ShmFenceName(const ::testing::TestParamInfo<std::tuple<TransferOp, std::string>>& i) {
+  return std::string(std::get<0>(i.param) == TransferOp::WRITE ? "WRITE" : "READ") + "_" +
+         std::get<1>(i.param);
+}
+INSTANTIATE_TEST_SUITE_P(OpsAndMemory, FailureShmFenceTest,
+                         Combine(Values(TransferOp::WRITE, TransferOp::READ),
+                                 Values("alloc", "reg")),
+                         ShmFenceName);
+
+// ---------------------------------------------------------------------------
+// g. Async deadlines (TransferArgs::timeout_ms) and CancelTransfer, against a
+// target stopped for 1.5 s (tcp).
+
+TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
+  PeerProcess* peer = StartPeer();
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 64 * kMiB / kDiv;
+  const uintptr_t remote = peer->Reg("R", n);
+  ASSERT_NE(remote, 0u);
+  ASSERT_TRUE(peer->Ok("fillpat R 3"));
+  HIXL_ASSERT_OK(Init(engine_));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer));
+  Buffer& src = KeptBuffer(n);
+  hixl_test::FillPattern(src.data(), n, 4);
+  Buffer& dst = KeptBuffer(n);
+  const std::string to = peer->engine();
+
+  // Unknown requests.
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(0));
+  HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(0x7fffffffffffull));
+
+  // Cancelling a request that already ended: OK, and its real end is reported.
+  {
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, 4096}},
+                                         TransferArgs{}, req));
+    SleepMs(1000);
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::COMPLETED) << Name(st) << " " << reason.ToString();
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.GetTransferStatus(req, st));
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.CancelTransfer(req));
+  }
+
+  // A deadline: TIMEOUT, not before it passed; nothing lands afterwards.
+  {
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferArgs args;
+    args.timeout_ms = 100;
+    TransferReq req = 0;
+    const auto t0 = Clock::now();
+    HIXL_ASSERT_OK(
+        engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, n}}, args, req));
+    Status call, reason;
+    TransferStatus st = hixl_test::WaitForEnd(engine_, req, 10000 * kSlow, &call, &reason);
+    const long ms = ElapsedMs(t0);
+    Measured("async_deadline_ended_ms", ms);
+    ASSERT_TRUE(call.ok()) << call.ToString();
+    EXPECT_EQ(st, TransferStatus::TIMEOUT) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kTimeout) << reason.ToString();
+    EXPECT_GE(ms, 100) << "ended TIMEOUT before its deadline";
+    ASSERT_TRUE(peer->Ok("fill R 0xAB"));
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAB, n))
+        << "bytes of the timed-out async WRITE landed after it ended";
+  }
+
+  // Cancel a READ: CANCELLED with kCancelled; the local buffer is ours again.
+  {
+    ASSERT_TRUE(peer->Ok("fillpat R 5"));
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::READ, {{dst.addr(), remote, n}},
+                                         TransferArgs{}, req));
+    SleepMs(50);
+    const auto t0 = Clock::now();
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    Measured("cancel_read_returned_ms", ElapsedMs(t0));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::CANCELLED) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kCancelled) << reason.ToString();
+    HIXL_EXPECT_CODE(StatusCode::kParamInvalid, engine_.GetTransferStatus(req, st));
+    std::memset(dst.data(), 0xAB, n);
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(dst.HashHex(), ConstHashHex(0xAB, n))
+        << "bytes of the cancelled READ landed after CancelTransfer returned";
+  }
+
+  // Cancel a WRITE: nothing lands after CancelTransfer returned.
+  {
+    ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+    ContAfter(*peer, 1500);
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, n}},
+                                         TransferArgs{}, req));
+    SleepMs(50);
+    const auto t0 = Clock::now();
+    HIXL_EXPECT_OK(engine_.CancelTransfer(req));
+    Measured("cancel_write_returned_ms", ElapsedMs(t0));
+    TransferStatus st = TransferStatus::WAITING;
+    Status reason;
+    HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
+    EXPECT_EQ(st, TransferStatus::CANCELLED) << Name(st) << " " << reason.ToString();
+    EXPECT_EQ(reason.code(), StatusCode::kCancelled) << reason.ToString();
+    ASSERT_TRUE(peer->Ok("fill R 0xAC"));
+    JoinConts();
+    SleepMs(500);
+    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAC, n))
+        << "bytes of the cancelled WRITE landed after CancelTransfer returned";
+    EXPECT_EQ(peer->Send("canary R"), "OK intact");
+  }
+
+  // The link still works.
+  HIXL_EXPECT_OK(Write(engine_, *peer, src.addr(), remote, n, 30000));
+  EXPECT_EQ(peer->Hash("R", 0, n), src.HashHex());
+}
+
+}  // namespace
