@@ -31,7 +31,9 @@ Status UcxStatus(const std::string& what, ucs_status_t s) {
       s == UCS_ERR_ENDPOINT_TIMEOUT) {
     return Status::NotConnected(msg);
   }
-  if (s == UCS_ERR_CANCELED) return Status::Cancelled(msg);
+  // UCX cancels what is in flight when an endpoint is closed under it: for
+  // the transfer that is the link going away, not a cancellation it asked for.
+  if (s == UCS_ERR_CANCELED) return Status::NotConnected(msg + " (the link was closed)");
   return Status::Failed(msg);
 }
 
