@@ -11,8 +11,10 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 
 # UCX's own signal handlers and malloc/mmap hooks fight the sanitizers.
+# LeakSanitizer also reports what UCX keeps of its own at exit (tests/lsan_ucx.supp).
 sanitizer_ucx_env() {
   export UCX_HANDLE_ERRORS=none UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none
+  export LSAN_OPTIONS="suppressions=$(pwd)/tests/lsan_ucx.supp"
 }
 
 run_ctest() {
