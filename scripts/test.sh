@@ -8,7 +8,7 @@ bash scripts/setup.sh --fuzz
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(pwd)/tests/tsan_ucx.supp"
 
 # UCX's own signal handlers and malloc/mmap hooks fight the sanitizers.
 # LeakSanitizer also reports what UCX keeps of its own at exit (tests/lsan_ucx.supp).
