@@ -368,6 +368,7 @@ TEST_P(DdConcurrency, EveryMethodFromSeveralThreadsOfOneInstance) {
 // gate: Finalize returns in bounded time, the task has ended, and nothing of
 // it lands afterwards; the task object outlives the instance.
 TEST_P(DdConcurrency, FinalizeWhileALayerwiseTaskRuns) {
+  if (const std::string why = hixl_test::SkipUcxTargetHere(GetParam()); !why.empty()) GTEST_SKIP() << why;
   Tensors src(8, 16 * kBlockBytes, 5), dst(8, 16 * kBlockBytes, 0);
   auto a = std::make_unique<ld::LlmDataDist>(1, ld::LlmRole::kPrompt);
   ld::LlmDataDist b(2, ld::LlmRole::kDecoder);

@@ -714,6 +714,7 @@ ld::ClusterInfo Info(const ld::LlmDataDist& to) {
 }
 
 TEST_P(DdLife, SeveralInstancesInOneProcess) {
+  if (const std::string why = hixl_test::SkipUcxTargetHere(GetParam()); !why.empty()) GTEST_SKIP() << why;
   LocalCache ca, cb, cc;  // outlive the instances
   MakeLocal(ca, 4, 64, 1);
   MakeLocal(cb, 4, 64, 0);
