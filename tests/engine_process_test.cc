@@ -200,6 +200,8 @@ TEST(EngineBasics, BadOptionValuesAreParamInvalid) {
       {"EnableUseFabricMem", "2"},
       {"DeregisterTimeoutMs", "abc"},
       {"HandshakeTimeoutMs", "x"},
+      {"PollSpinUs", "-1"},
+      {"PollSpinUs", "1001"},
   };
   for (const auto& [k, v] : bad) {
     Hixl e;
@@ -219,6 +221,8 @@ TEST(EngineBasics, GoodOptionValuesAreAccepted) {
       {{"EnableUseFabricMem", "0"}},
       {{"EnableUseFabricMem", "1"}},
       {{"DeregisterTimeoutMs", "100"}, {"HandshakeTimeoutMs", "100"}},
+      {{"PollSpinUs", "0"}},
+      {{"PollSpinUs", "1000"}},
   };
   for (const auto& opts : good) {
     Hixl e;
@@ -728,6 +732,26 @@ TEST_F(PeerTest, LinkTypeIsTcpWhenForced) {
   ASSERT_TRUE(other.Start());
   ASSERT_TRUE(other.Ok("connect " + peer_->engine() + " 5000"));
   EXPECT_EQ(other.Send("linktype " + peer_->engine()), std::string("OK ") + name);
+}
+
+// PollSpinUs=0 on both sides: every I/O thread and the waiting caller sleep
+// at once; small and large transfers still complete (and are answered).
+TEST_F(PeerTest, TcpTransfersWithoutPolling) {
+  link_ = "TCP";
+  ASSERT_NO_FATAL_FAILURE(StartPeer({"PollSpinUs=0"}));
+  const size_t n = 2 * kMiB;
+  uintptr_t remote = peer_->Reg("r", n, "rw");
+  ASSERT_NE(remote, 0u);
+  ASSERT_NO_FATAL_FAILURE(ConnectEngine({{hixl::options::kPollSpinUs, "0"}}));
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 17);
+  for (int i = 0; i < 50; ++i)
+    HIXL_ASSERT_OK(Write(src.addr(i * 4096), remote + i * 4096, 4096, 5000));
+  HIXL_ASSERT_OK(Write(src.addr(), remote, n, 10000));
+  EXPECT_EQ(peer_->Hash("r", 0, n), src.HashHex());
+  Buffer back(n);
+  HIXL_ASSERT_OK(Read(back.addr(), remote, n, 10000));
+  EXPECT_EQ(back.HashHex(), src.HashHex());
 }
 
 TEST(TcpOptions, BadValuesAreParamInvalid) {

@@ -14,6 +14,18 @@
 //   regsplit A B SIZE PERMS    one block with guards holding two ADJACENT
 //                              regions A=[m, m+SIZE) and B=[m+SIZE, m+2*SIZE),
 //                              each registered separately  -> OK <addrA> <addrB>
+//   regshare NAME SIZE PERMS SHIFT
+//                              like reg, the region starting SHIFT bytes after
+//                              the first guard (those bytes are guard too), and
+//                              registered with REGISTER_SHARE_BY_MAPPING
+//   filereg NAME SIZE KIND FLAG  a shared file mapping of SIZE bytes, registered
+//                              (FLAG 1: with REGISTER_SHARE_BY_MAPPING); KIND
+//                              sealed|unsealed (memfd "hixl-test-memfd", sealed
+//                              against shrinking or not) or shm (a /dev/shm
+//                              file, unlinked at once); the descriptor is kept
+//                              open. No guards.      -> OK <addr>
+//   mapstate NAME              how the region's first whole page is mapped here
+//                              -> OK shared <path> | OK private
 //   buf NAME SIZE              plain buffer (zero-filled), not registered -> OK <addr>
 //   addr NAME                  -> OK <addr> <size>
 //   fill NAME BYTE             memset the region (BYTE decimal or 0xNN)
@@ -52,9 +64,11 @@
 //
 // The engine may log to stdout; replies therefore go to a private duplicate of
 // the original stdout and fd 1 is pointed at stderr before the engine starts.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -100,8 +114,11 @@ struct Block {
   unsigned char* base = nullptr;
   size_t total = 0;
   size_t mapped = 0;
+  size_t head = kGuard;  // guard bytes in front of the payload
+  int fd = -1;           // a shared file mapping's descriptor (filereg)
   ~Block() {
     if (base) munmap(base, mapped);
+    if (fd >= 0) close(fd);
   }
 };
 
@@ -115,6 +132,28 @@ struct Region {
   bool registered = false;
   std::shared_ptr<Block> block;  // kReg / kBuf
 };
+
+// "OK shared <path>" when the page at addr is a shared mapping here, else
+// "OK private" (from /proc/self/maps).
+std::string MapState(uintptr_t addr) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return "ERR cannot read /proc/self/maps";
+  char line[512];
+  std::string out = "ERR address not mapped";
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned long long lo = 0, hi = 0;
+    char perms[5] = {};
+    int name_at = 0;
+    if (std::sscanf(line, "%llx-%llx %4s %*s %*s %*s %n", &lo, &hi, perms, &name_at) < 3) continue;
+    if (addr < lo || addr >= hi) continue;
+    std::string path = line + name_at;
+    while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    out = perms[3] == 's' ? "OK shared " + path : "OK private";
+    break;
+  }
+  std::fclose(f);
+  return out;
+}
 
 bool ParsePerms(const std::string& s, uint32_t& perms) {
   if (s == "r")
@@ -247,6 +286,73 @@ class Peer {
       regions[name] = r;
       return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(r.addr))), true;
     }
+    if (cmd == "regshare") {
+      std::string name, perm_s;
+      size_t size = 0, shift = 0;
+      uint32_t perms = 0;
+      if (!(in >> name >> size >> perm_s >> shift) || Find(name) || !ParsePerms(perm_s, perms))
+        return Reply("ERR usage/duplicate"), true;
+      Region r;
+      r.block = NewBlock(size + shift);
+      if (!r.block) return Reply("ERR out of memory"), true;
+      r.block->head = kGuard + shift;
+      std::memset(r.block->base + kGuard, kCanary, shift);
+      r.addr = r.block->base + r.block->head;
+      r.size = size;
+      hixl::MemDesc d{reinterpret_cast<uintptr_t>(r.addr), size};
+      hixl::Status s = engine.RegisterMem(d, hixl::MemType::MEM_HOST, r.handle, perms,
+                                          hixl::REGISTER_SHARE_BY_MAPPING);
+      if (!s.ok()) return Reply(Err(s)), true;
+      r.registered = true;
+      regions[name] = r;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(r.addr))), true;
+    }
+    if (cmd == "filereg") {
+      std::string name, kind;
+      size_t size = 0;
+      int flag = 0;
+      if (!(in >> name >> size >> kind >> flag) || Find(name) || size == 0)
+        return Reply("ERR usage/duplicate"), true;
+      auto b = std::make_shared<Block>();
+      if (kind == "shm") {
+        const std::string path = "/hixl-test-" + std::to_string(getpid()) + "-" + name;
+        b->fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        if (b->fd >= 0) shm_unlink(path.c_str());
+      } else if (kind == "sealed" || kind == "unsealed") {
+        b->fd = memfd_create("hixl-test-memfd", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      } else {
+        return Reply("ERR usage: KIND sealed|unsealed|shm"), true;
+      }
+      if (b->fd < 0 || ftruncate(b->fd, static_cast<off_t>(size)) != 0)
+        return Reply(std::string("ERR ") + std::strerror(errno)), true;
+      if (kind == "sealed" && fcntl(b->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        return Reply(std::string("ERR seal: ") + std::strerror(errno)), true;
+      void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+      if (p == MAP_FAILED) return Reply(std::string("ERR mmap: ") + std::strerror(errno)), true;
+      b->base = static_cast<unsigned char*>(p);
+      b->total = b->mapped = size;
+      Region r;
+      r.block = b;
+      r.addr = b->base;
+      r.size = size;
+      hixl::MemDesc d{reinterpret_cast<uintptr_t>(r.addr), size};
+      hixl::Status s =
+          engine.RegisterMem(d, hixl::MemType::MEM_HOST, r.handle, hixl::MEM_PERM_READ_WRITE,
+                             flag ? hixl::REGISTER_SHARE_BY_MAPPING : hixl::REGISTER_DEFAULT);
+      if (!s.ok()) return Reply(Err(s)), true;
+      r.registered = true;
+      regions[name] = r;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(r.addr))), true;
+    }
+    if (cmd == "mapstate") {
+      std::string name;
+      in >> name;
+      Region* r = Find(name);
+      if (!r) return Reply("ERR no such region"), true;
+      const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+      const uintptr_t at = (reinterpret_cast<uintptr_t>(r->addr) + page - 1) / page * page;
+      return Reply(MapState(at)), true;
+    }
     if (cmd == "regsplit") {
       std::string a, b, perm_s;
       size_t size = 0;
@@ -320,9 +426,12 @@ class Peer {
       if (!r) return Reply("ERR no such region"), true;
       if (!r->block) return Reply("OK intact"), true;  // AllocMem memory has no guards
       const Block& b = *r->block;
-      for (size_t i = 0; i < kGuard; ++i) {
+      if (b.fd >= 0) return Reply("OK intact"), true;  // filereg: no guards
+      for (size_t i = 0; i < b.head; ++i) {
         if (b.base[i] != kCanary)
           return Reply("ERR canary damaged at offset " + std::to_string(i)), true;
+      }
+      for (size_t i = 0; i < kGuard; ++i) {
         size_t j = b.total - kGuard + i;
         if (b.base[j] != kCanary)
           return Reply("ERR canary damaged at offset " + std::to_string(j)), true;

@@ -76,6 +76,25 @@ enum MemPerm : uint32_t {
   MEM_PERM_READ_WRITE = MEM_PERM_READ | MEM_PERM_WRITE,
 };
 
+// How RegisterMem may make a region reachable to peers on this host (bit
+// flags). Without flags, memory that already is a sealed memfd mapping is
+// mapped by local peers (plain memory copies); any other memory is reached by
+// cross-memory attach (process_vm_writev/readv), which costs a system call per
+// transfer and runs at about half of memcpy speed. See docs/USER_MEMORY.md.
+enum RegisterFlag : uint32_t {
+  REGISTER_DEFAULT = 0,
+  // Let local peers map the region. Shared file mappings (a /dev/shm file, an
+  // unsealed memfd, a torch shared-memory tensor) are shared as they are: the
+  // caller must not truncate the file while it is registered. Private
+  // anonymous memory (malloc, numpy, torch CPU tensors) is moved in place
+  // into an engine memfd: the pages covering the region keep their addresses
+  // and contents and are moved back by DeregisterMem. No thread may write the
+  // region during RegisterMem or DeregisterMem; while registered the pages are
+  // shared with a fork()ed child instead of copied on write, and
+  // MADV_DONTNEED no longer zeroes them.
+  REGISTER_SHARE_BY_MAPPING = 1u << 0,
+};
+
 struct MemDesc {
   uintptr_t addr = 0;
   size_t len = 0;
@@ -155,6 +174,13 @@ namespace options {
 inline constexpr const char kLinkType[] = "LinkType";
 // Threads that copy one large transfer in parallel (1..64, default 2).
 inline constexpr const char kCopyThreads[] = "CopyThreads";
+// Microseconds the engine's I/O threads (control, tcp) keep polling after
+// network activity, and a TransferSync caller keeps checking for its answer,
+// before they sleep (0..1000, default 50; 0: sleep at once). Polling is
+// bounded and only follows activity: an idle engine sleeps. A sleeping
+// thread's wake-up costs 5-60 us on small or virtual machines, more than a
+// small transfer itself; the polling costs CPU only while traffic flows.
+inline constexpr const char kPollSpinUs[] = "PollSpinUs";
 // "1"/"0": memory from AllocMem is shareable (memfd) memory peers map (default "1").
 inline constexpr const char kEnableUseFabricMem[] = "EnableUseFabricMem";
 // Milliseconds DeregisterMem waits for peers to stop using a region (default 5000).
@@ -241,8 +267,9 @@ class HIXL_EXPORT Hixl {
   // Registers [addr, addr+len) for remote access with the given permissions.
   // Registering the same addr and len again returns the same handle; a region
   // that partly overlaps an existing one is rejected.
+  // flags: RegisterFlag bits (how local peers reach the region).
   Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle,
-                     uint32_t perms = MEM_PERM_READ_WRITE);
+                     uint32_t perms = MEM_PERM_READ_WRITE, uint32_t flags = REGISTER_DEFAULT);
   // Removes a registration (see the class comment for the guarantee).
   // Deregistering an unknown or already removed handle is a no-op; the handle
   // of AllocMem memory is refused (PARAM_INVALID): release it with FreeMem.

@@ -42,12 +42,14 @@ from . import _hixl
 from ._hixl import (HixlError, Hixl, LinkType, MemDesc, MemType, StatusCode,  # noqa: F401
                     TransferOp, TransferOpDesc, TransferStatus, ConnectStatus, NotifyDesc,
                     MEM_PERM_NONE, MEM_PERM_READ, MEM_PERM_WRITE, MEM_PERM_READ_WRITE,
+                    REGISTER_DEFAULT, REGISTER_SHARE_BY_MAPPING,
                     MAX_NOTIFY_NAME_LEN, MAX_NOTIFY_MSG_LEN, address_of, options)
 
 __all__ = ["Hixl", "HixlError", "Context", "Buffer", "MEM_ZERO_COPY", "MEM_DEFAULT", "StatusCode",
            "MemType", "TransferOp", "TransferStatus", "ConnectStatus", "LinkType", "MemDesc",
            "TransferOpDesc", "NotifyDesc", "MEM_PERM_NONE", "MEM_PERM_READ", "MEM_PERM_WRITE",
-           "MEM_PERM_READ_WRITE", "MAX_NOTIFY_NAME_LEN", "MAX_NOTIFY_MSG_LEN", "address_of",
+           "MEM_PERM_READ_WRITE", "REGISTER_DEFAULT", "REGISTER_SHARE_BY_MAPPING",
+           "MAX_NOTIFY_NAME_LEN", "MAX_NOTIFY_MSG_LEN", "address_of",
            "options"]
 
 MEM_DEFAULT = 0      # private host memory, registered

@@ -358,6 +358,8 @@ PYBIND11_MODULE(_hixl, m) {
   m.attr("MEM_PERM_READ") = static_cast<uint32_t>(hixl::MEM_PERM_READ);
   m.attr("MEM_PERM_WRITE") = static_cast<uint32_t>(hixl::MEM_PERM_WRITE);
   m.attr("MEM_PERM_READ_WRITE") = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE);
+  m.attr("REGISTER_DEFAULT") = static_cast<uint32_t>(hixl::REGISTER_DEFAULT);
+  m.attr("REGISTER_SHARE_BY_MAPPING") = static_cast<uint32_t>(hixl::REGISTER_SHARE_BY_MAPPING);
   m.attr("MAX_NOTIFY_NAME_LEN") = hixl::kMaxNotifyNameLen;
   m.attr("MAX_NOTIFY_MSG_LEN") = hixl::kMaxNotifyMsgLen;
 
@@ -439,7 +441,7 @@ PYBIND11_MODULE(_hixl, m) {
       .def(
           "register_mem",
           [](hixl::Hixl& h, py::object mem, std::optional<size_t> len, hixl::MemType type,
-             uint32_t perms) {
+             uint32_t perms, uint32_t flags) {
             uintptr_t addr;
             size_t n;
             if (py::isinstance<hixl::MemDesc>(mem)) {
@@ -454,11 +456,15 @@ PYBIND11_MODULE(_hixl, m) {
               addr = m.Addr(n);
             }
             hixl::MemHandle handle = 0;
-            Check(NoGil([&] { return h.RegisterMem({addr, n}, type, handle, perms); }));
+            Check(NoGil([&] { return h.RegisterMem({addr, n}, type, handle, perms, flags); }));
             return handle;
           },
           "mem"_a, "len"_a = py::none(), "type"_a = hixl::MemType::MEM_HOST,
-          "perms"_a = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE))
+          "perms"_a = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE),
+          "flags"_a = static_cast<uint32_t>(hixl::REGISTER_DEFAULT),
+          "Registers memory for remote access. flags=REGISTER_SHARE_BY_MAPPING lets local peers "
+          "map it (numpy/torch CPU memory is moved in place into shared memory until "
+          "deregister_mem; see docs/USER_MEMORY.md).")
       .def(
           "deregister_mem",
           [](hixl::Hixl& h, hixl::MemHandle handle) {

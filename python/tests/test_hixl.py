@@ -701,3 +701,45 @@ def test_authenticated_links(tmp_path):
     assert ei.value.code_name == "PARAM_INVALID" and "chmod 600" in str(ei.value)
     good.finalize()
     rx.finalize()
+
+
+def _maps_contain(needle):
+    with open("/proc/self/maps") as f:
+        return any(needle in line for line in f)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_register_mem_share_by_mapping(kind):
+    # A framework's CPU tensor, registered with REGISTER_SHARE_BY_MAPPING: its
+    # pages move in place into shared memory (same address, same contents),
+    # a local peer writes into it by mapping, and deregister_mem moves them back.
+    n = 8 << 20
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        t = torch.arange(n, dtype=torch.uint8)
+        addr, view = t.data_ptr(), lambda: t.numpy()
+    else:
+        a = np.arange(n, dtype=np.uint64).astype(np.uint8)
+        addr, view = int(a.ctypes.data), lambda: a
+    before = view().copy()
+    target, initiator = hixl.Hixl(), hixl.Hixl()
+    target.initialize("127.0.0.1:0")
+    initiator.initialize("127.0.0.1", {"LinkType": "SHM"})
+    try:
+        reg = target.register_mem(hixl.MemDesc(addr, n), flags=hixl.REGISTER_SHARE_BY_MAPPING)
+        assert np.array_equal(view(), before)
+        assert _maps_contain("memfd:hixl-user")
+        initiator.connect(target.local_engine(), timeout_ms=5000)
+        src = pattern(n, 21)
+        initiator.register_mem(src)
+        initiator.transfer_sync(target.local_engine(), hixl.TransferOp.WRITE,
+                                [(int(src.ctypes.data), addr, n)], timeout_ms=10000)
+        assert np.array_equal(view(), src)
+        target.deregister_mem(reg)
+        assert np.array_equal(view(), src)
+        with pytest.raises(hixl.HixlError):
+            target.register_mem(hixl.MemDesc(addr, n), flags=1 << 9)
+    finally:
+        initiator.finalize()
+        target.finalize()
+    assert not _maps_contain("memfd:hixl-user")

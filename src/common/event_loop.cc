@@ -1,6 +1,7 @@
 #include "common/event_loop.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -123,13 +124,19 @@ void EventLoop::Run() {
   thread_id_ = std::this_thread::get_id();
   epoll_event events[64];
   auto next_tick = net::Clock::now() + std::chrono::milliseconds(tick_ms_);
+  auto spin_until = net::Clock::time_point::min();  // poll without sleeping until then
   for (;;) {
-    int timeout = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       next_tick - net::Clock::now())
-                                       .count());
-    if (timeout < 0) timeout = 0;
     const auto before = net::Clock::now();
+    const bool spinning = before < spin_until;
+    int timeout = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - before).count());
+    if (timeout < 0 || spinning) timeout = 0;
     int n = epoll_wait(epoll_.get(), events, 64, timeout);
+    if (n > 0 && spin_.count() > 0) {
+      spin_until = net::Clock::now() + spin_;
+    } else if (n == 0 && spinning) {
+      sched_yield();  // let whatever else wants this CPU run between polls
+    }
     const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
         net::Clock::now() - before - std::chrono::milliseconds(timeout));
     // A stop signal ends the wait with EINTR once the process continues: the

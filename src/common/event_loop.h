@@ -7,6 +7,7 @@
 #define HIXL_COMMON_EVENT_LOOP_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,10 @@ class EventLoop {
   EventLoop& operator=(const EventLoop&) = delete;
 
   void SetTicker(std::function<void()> fn, int interval_ms);
+  // Before Start: after a wake that handled events, keep polling (epoll_wait
+  // without sleeping, yielding the CPU between polls) for this long before
+  // sleeping again; 0 (default): sleep at once.
+  void SetSpin(std::chrono::microseconds spin) { spin_ = spin; }
   Status Start(const std::string& thread_name);
   // Runs the functions already posted, then stops and joins the thread.
   void Stop();
@@ -72,6 +77,7 @@ class EventLoop {
   uint64_t next_id_ = 1;
   std::function<void()> ticker_;
   int tick_ms_ = 100;
+  std::chrono::microseconds spin_{0};
   std::chrono::milliseconds lateness_{0};
   std::chrono::milliseconds carried_late_{0};
 };

@@ -339,6 +339,7 @@ Status Hixl::Impl::HandleNotify(Conn& c, const wire::Msg& m) {
     } else {
       ++n;
       notify_q_.emplace_back(c.id, std::move(d));
+      notify_pushed_.fetch_add(1, std::memory_order_release);
     }
   }
   if (code == 0) notify_cv_.notify_all();

@@ -61,6 +61,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.regions = &regions_;
   ctx.copy_pool = &copy_pool_;
   ctx.copy_threads = opts_.copy_threads;
+  ctx.poll_spin_us = opts_.poll_spin_us;
   ctx.listen_host = hp.host;
   ctx.handshake_timeout_ms = opts_.handshake_timeout_ms;
   ctx.hb_bound_ms = opts_.hb_interval_ms * opts_.hb_misses;
@@ -90,6 +91,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   idle_tick_ms_ = std::clamp(opts_.hb_interval_ms / 4, 5, kIdleTickMs);
   notify_stop_ = false;
   loop_.SetTicker([this] { OnTick(); }, idle_tick_ms_);
+  loop_.SetSpin(std::chrono::microseconds(opts_.poll_spin_us));
   Status s = loop_.Start("hixl-ctrl");
   if (s.ok() && listening_) {
     int lfd = listen_fd_.get();
@@ -174,6 +176,10 @@ void Hixl::Impl::Finalize() {
   }
   dereg_cv_.notify_all();
   regions_.Clear();
+  {
+    std::lock_guard<std::mutex> lock(share_mu_);
+    shares_.clear();  // registrations end: moved pages go back
+  }
   FreeAllocs();
   HIXL_LOG(INFO) << "engine " << local_engine_ << " finalized";
 }
@@ -184,8 +190,8 @@ std::string Hixl::Impl::LocalEngine() const {
 
 // ---------------------------------------------------------------- memory
 
-Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle,
-                               uint32_t perms) {
+Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms,
+                               uint32_t flags) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (type == MemType::MEM_DEVICE) {
     return Status::Unsupported(
@@ -197,17 +203,38 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
   if ((perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
     return Status::ParamInvalid("RegisterMem: unknown permission bits");
   }
+  if ((flags & ~static_cast<uint32_t>(REGISTER_SHARE_BY_MAPPING)) != 0) {
+    return Status::ParamInvalid("RegisterMem: unknown flag bits");
+  }
+  if (mem.addr + mem.len < mem.addr) {
+    return Status::ParamInvalid("RegisterMem: [addr, addr+len) wraps around");
+  }
+  std::lock_guard<std::mutex> share_lock(share_mu_);
+  if (auto same = regions_.FindByStart(mem.addr); same && same->len == mem.len) {
+    handle = same->id;  // registered already: the same handle, nothing moved again
+    return Status::Ok();
+  }
+  // How local peers may reach it: decided (and pages moved, if asked) before
+  // any peer can hear of the region.
+  std::unique_ptr<memory::UserShare> share;
+  if (Status s = memory::UserShare::Make(mem.addr, mem.len,
+                                         (flags & REGISTER_SHARE_BY_MAPPING) != 0, share);
+      !s.ok()) {
+    return s;
+  }
   memory::LocalRegion r;
   r.addr = mem.addr;
   r.len = mem.len;
   r.perms = perms;
   r.type = type;
+  if (share) r.share = share->part();
   uint64_t id = 0;
   bool added = false;
-  if (Status s = regions_.Add(r, id, added); !s.ok()) return s;
+  if (Status s = regions_.Add(r, id, added); !s.ok()) return s;  // share undone
   if (added) {
     r.id = id;
     if (Status s = PrepareLocalRegion(r); !s.ok()) return s;
+    if (share) shares_[id] = std::move(share);
     BroadcastRegionAdd({ToDesc(r)});
   }
   handle = id;
@@ -215,7 +242,7 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
 }
 
 control::RegionDesc Hixl::Impl::ToDesc(const memory::LocalRegion& r) const {
-  control::RegionDesc d{r.id, r.addr, r.len, r.perms, r.memfd >= 0};
+  control::RegionDesc d{r.id, r.addr, r.len, r.perms, r.share.fd >= 0};
   for (const auto& t : transports_) {
     wire::Msg info;
     t->DescribeRegion(r, info);
@@ -256,6 +283,11 @@ Status Hixl::Impl::DeregisterMem(MemHandle handle) {
   Status s = RevokeFromPeers(handle);
   regions_.Remove(handle);
   for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
+  // No peer maps it any more: pages moved into shared memory go back.
+  {
+    std::lock_guard<std::mutex> lock(share_mu_);
+    shares_.erase(handle);
+  }
   return s;
 }
 
@@ -282,8 +314,7 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
   r.len = size;
   r.perms = MEM_PERM_READ_WRITE;
   r.type = type;
-  r.memfd = a.memfd;
-  r.mapped_len = a.mapped_len;
+  if (a.memfd >= 0) r.share = memory::SharedPart{a.memfd, 0, size, 0, true};
   bool added = false;
   Status s = regions_.Add(r, a.handle, added);
   if (!s.ok()) {
@@ -411,6 +442,12 @@ Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
 
 // ---------------------------------------------------------------- transfers
 
+namespace {
+// TransferSync polls for the answer of transfers up to this size (larger
+// ones take longer than the polling would last).
+constexpr size_t kSpinMaxBytes = 256u << 10;
+}  // namespace
+
 Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
                            const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                            net::Deadline deadline, std::shared_ptr<Peer>& peer,
@@ -427,7 +464,14 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
     }
   }
   if (Status s = AcquirePeer(remote, deadline, peer); !s.ok()) return s;
-  auto token = ActiveToken(peer);  // released with the transfer (or on failure here)
+  // AcquirePeer counted one activity on the peer: the transfer releases it
+  // when it ends, or this guard on a failure here.
+  struct ActiveGuard {
+    std::atomic<int>* n;
+    ~ActiveGuard() {
+      if (n) n->fetch_sub(1, std::memory_order_acq_rel);
+    }
+  } active{&peer->active};
   if (args.remote_generation != 0 && args.remote_generation != peer->generation) {
     return Status::ParamInvalid(
         "transfer to " + remote + " refused: it names generation " +
@@ -440,7 +484,8 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
   t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline,
-                                            std::move(token));
+                                            std::shared_ptr<const void>(peer), active.n);
+  active.n = nullptr;  // the transfer's now
   if (args.notify) {
     NotifyDesc d = *args.notify;
     std::weak_ptr<Peer> wp = peer;
@@ -470,6 +515,12 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
   std::shared_ptr<transport::Transfer> t;
   if (Status s = Resolve(remote, op, descs, args, deadline, peer, t); !s.ok()) return s;
   peer->channel->Submit(t, /*caller_waits=*/true);
+  // A small transfer's answer (tcp, UCX) is usually microseconds away:
+  // spinning for it, bounded, saves this thread a sleep and a wake-up, which
+  // cost more than the wait on one host.
+  if (!t->Done() && t->bytes() <= kSpinMaxBytes && opts_.poll_spin_us > 0) {
+    t->SpinUntilDone(std::chrono::microseconds(opts_.poll_spin_us));
+  }
   if (!t->WaitDone(deadline)) {
     // Stop every part and wait until they have: after TIMEOUT no byte moves.
     // (Bounded: pieces on the wire are answered, or the peer is declared
@@ -685,9 +736,16 @@ void Hixl::Impl::NotifyThread() {
     auto c = notify_counts_.find(conn);
     if (c != notify_counts_.end() && --c->second == 0) notify_counts_.erase(c);
     NotifyCallback cb = notify_cb_;
+    const uint64_t seen = notify_pushed_.load(std::memory_order_acquire);
     lock.unlock();
     cb(d);
     cb = nullptr;  // released before the lock is taken again
+    // Notifications tend to come in runs: poll briefly for the next one
+    // rather than sleep and be woken (bounded by PollSpinUs).
+    const auto until = net::Clock::now() + std::chrono::microseconds(opts_.poll_spin_us);
+    while (notify_pushed_.load(std::memory_order_acquire) == seen && net::Clock::now() < until) {
+      std::this_thread::yield();
+    }
     lock.lock();
   }
 }

@@ -34,6 +34,7 @@
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
 #include "memory/remote_regions.h"
+#include "memory/user_share.h"
 #include "transport/transport.h"
 
 namespace hixl {
@@ -54,7 +55,8 @@ class Hixl::Impl {
   void Finalize();
   std::string LocalEngine() const;
 
-  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms);
+  Status RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms,
+                     uint32_t flags);
   Status DeregisterMem(MemHandle handle);
   Status AllocMem(size_t size, MemType type, void** ptr);
   Status FreeMem(void* ptr);
@@ -100,7 +102,7 @@ class Hixl::Impl {
     std::atomic<uint64_t> conn_id{0};   // its control connection (set on the loop)
     std::shared_ptr<Tx> tx;             // its control connection's sending half (set before use)
     std::atomic<int> active{0};         // transfers and notifications in flight
-    std::atomic<int64_t> last_used{0};  // steady-clock ns, for idle eviction
+    std::atomic<int64_t> last_used{0};  // logical use time, for least-recently-used eviction
   };
   // Releases Peer::active when the last copy goes (held by a transfer).
   static std::shared_ptr<const void> ActiveToken(const std::shared_ptr<Peer>& p);
@@ -265,6 +267,11 @@ class Hixl::Impl {
 
   std::mutex alloc_mu_;
   std::unordered_map<void*, Alloc> allocs_;
+  // Registered application memory local peers map (memory/user_share.h),
+  // by handle. share_mu_ serializes RegisterMem/DeregisterMem of such
+  // memory: a move of pages must not race another on the same pages.
+  std::mutex share_mu_;
+  std::unordered_map<MemHandle, std::unique_ptr<memory::UserShare>> shares_;
 
   // Notifications awaiting the target's answer.
   std::mutex pending_mu_;
@@ -276,6 +283,9 @@ class Hixl::Impl {
   std::mutex notify_mu_;
   std::condition_variable notify_cv_;
   std::deque<std::pair<uint64_t, NotifyDesc>> notify_q_;  // (sender's connection, notification)
+  // Bumped (after the push) for every queued notification: lets the callback
+  // thread poll briefly for the next one instead of sleeping (PollSpinUs).
+  std::atomic<uint64_t> notify_pushed_{0};
   std::unordered_map<uint64_t, size_t> notify_counts_;    // queued per sender connection
   NotifyCallback notify_cb_;
   bool notify_stop_ = false;

@@ -15,8 +15,9 @@ Status Hixl::Initialize(const std::string& local_engine,
 void Hixl::Finalize() { impl_->Finalize(); }
 std::string Hixl::LocalEngine() const { return impl_->LocalEngine(); }
 
-Status Hixl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms) {
-  return impl_->RegisterMem(mem, type, handle, perms);
+Status Hixl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms,
+                         uint32_t flags) {
+  return impl_->RegisterMem(mem, type, handle, perms, flags);
 }
 Status Hixl::DeregisterMem(MemHandle handle) { return impl_->DeregisterMem(handle); }
 Status Hixl::AllocMem(size_t size, MemType type, void** ptr) {

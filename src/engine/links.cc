@@ -15,10 +15,10 @@ namespace hixl {
 
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(net::Clock::now().time_since_epoch())
-      .count();
-}
+// A logical clock for least-recently-used order (cheaper than reading the
+// time on every transfer, and never ties).
+std::atomic<int64_t> g_use_clock{0};
+int64_t UseTick() { return g_use_clock.fetch_add(1, std::memory_order_relaxed) + 1; }
 
 // Canonical "ip:port" of a remote engine string, or the string itself.
 std::string PeerKey(const std::string& remote) {
@@ -155,7 +155,7 @@ void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionD
 
 std::shared_ptr<const void> Hixl::Impl::ActiveToken(const std::shared_ptr<Peer>& p) {
   return std::shared_ptr<const void>(p.get(), [p](const void*) {
-    p->last_used.store(NowNs(), std::memory_order_relaxed);
+    p->last_used.store(UseTick(), std::memory_order_relaxed);
     p->active.fetch_sub(1, std::memory_order_acq_rel);
   });
 }
@@ -285,7 +285,7 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   c->peer_name = key;
   c->peer = peer;
   c->hb_ms = LinkHeartbeatMs(w.hb_ms);
-  peer->last_used.store(NowNs(), std::memory_order_relaxed);
+  peer->last_used.store(UseTick(), std::memory_order_relaxed);
   // The loop owns the connection from here; conn ids are loop-assigned.
   auto holder = std::make_shared<std::unique_ptr<Conn>>(std::move(c));
   if (!loop_.Post([this, holder] { AddConn(std::move(*holder)); })) {
@@ -428,19 +428,23 @@ std::shared_ptr<Hixl::Impl::Peer> Hixl::Impl::FindPeer(const std::string& remote
 
 Status Hixl::Impl::AcquirePeer(const std::string& remote, net::Deadline deadline,
                                std::shared_ptr<Peer>& out) {
+  // A live peer under key: counted as active (released with the transfer).
+  auto take = [&](const std::string& key) {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = peers_.find(key);
+    if (it == peers_.end() || !it->second->alive.load(std::memory_order_acquire)) return false;
+    out = it->second;
+    out->active.fetch_add(1, std::memory_order_acq_rel);
+    out->last_used.store(UseTick(), std::memory_order_relaxed);
+    return true;
+  };
+  // The common case first: remote is already the canonical key (as from
+  // LocalEngine or a name), so no parsing is needed.
+  if (take(remote)) return Status::Ok();
   const std::string key = PeerKey(remote);
   const auto give_up = std::min(deadline, net::DeadlineAfterMs(opts_.connect_timeout_ms));
   for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(peers_mu_);
-      auto it = peers_.find(key);
-      if (it != peers_.end() && it->second->alive.load(std::memory_order_acquire)) {
-        out = it->second;
-        out->active.fetch_add(1, std::memory_order_acq_rel);
-        out->last_used.store(NowNs(), std::memory_order_relaxed);
-        return Status::Ok();
-      }
-    }
+    if (take(key)) return Status::Ok();
     if (!opts_.auto_connect) {
       return Status::NotConnected("not connected to " + remote + " (call Connect first)");
     }

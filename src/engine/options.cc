@@ -122,6 +122,7 @@ const std::vector<Spec>& Specs() {
   static const std::vector<Spec> specs = {
       {options::kLinkType, 0, 0, "AUTO, SHM, HCCS, TCP, UCX or RDMA", nullptr, ParseLinkType},
       {options::kCopyThreads, 1, 64, "an integer 1..64", Field(&Options::copy_threads)},
+      {options::kPollSpinUs, 0, 1000, "microseconds 0..1000", Field(&Options::poll_spin_us)},
       {options::kEnableUseFabricMem, 0, 1, "0 or 1", Field(&Options::fabric_mem)},
       {options::kDeregisterTimeoutMs, 1, 3600000, "milliseconds 1..3600000",
        Field(&Options::dereg_timeout_ms)},

@@ -94,14 +94,13 @@ std::vector<LocalRegion> LocalRegions::Snapshot() const {
   return out;
 }
 
-int LocalRegions::DupMemfd(uint64_t id, size_t& mapped_len) const {
+SharedPart LocalRegions::DupShared(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
-  if (it == by_id_.end()) return -1;
-  const LocalRegion& r = by_addr_.at(it->second);
-  if (r.memfd < 0) return -1;
-  mapped_len = r.mapped_len;
-  return fcntl(r.memfd, F_DUPFD_CLOEXEC, 0);
+  if (it == by_id_.end()) return SharedPart{};
+  SharedPart p = by_addr_.at(it->second).share;
+  if (p.fd >= 0) p.fd = fcntl(p.fd, F_DUPFD_CLOEXEC, 0);
+  return p;
 }
 
 std::vector<LocalRegion> LocalRegions::Clear() {

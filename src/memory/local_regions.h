@@ -1,7 +1,8 @@
 // The table of regions this engine registered for remote access.
 // Regions never overlap; each has a non-zero id that is never reused within
-// one engine's life. Engine-allocated (AllocMem) regions also carry their
-// memfd, which the table owns and closes on removal.
+// one engine's life. A region local peers may map carries the file that
+// backs it (AllocMem's memfd, or one found or made by memory/user_share.h);
+// the table does not own that descriptor, the engine does.
 // Thread safety: all methods are thread-safe (one internal mutex).
 #ifndef HIXL_MEMORY_LOCAL_REGIONS_H_
 #define HIXL_MEMORY_LOCAL_REGIONS_H_
@@ -17,14 +18,23 @@
 
 namespace hixl::memory {
 
+// What a peer maps: [region_off, region_off+len) of the region is the file's
+// bytes from file_off.
+struct SharedPart {
+  int fd = -1;  // -1: not shareable (peers use cross-memory attach)
+  size_t region_off = 0;
+  size_t len = 0;
+  uint64_t file_off = 0;
+  bool sealed = true;  // the file cannot shrink; else its owner promised not to
+};
+
 struct LocalRegion {
   uint64_t id = 0;
   uintptr_t addr = 0;
   size_t len = 0;
   uint32_t perms = 0;
   MemType type = MemType::MEM_HOST;
-  int memfd = -1;            // >= 0: engine-allocated, shareable by mapping
-  size_t mapped_len = 0;     // for engine-allocated: the mmap length
+  SharedPart share;          // how local peers may map it
   bool retiring = false;     // being deregistered: see LocalRegions::Retire
 };
 
@@ -47,8 +57,9 @@ class LocalRegions {
   // Finds the region that wholly contains [addr, addr+len).
   std::optional<LocalRegion> FindContaining(uintptr_t addr, size_t len) const;
   std::vector<LocalRegion> Snapshot() const;
-  // dup() of a shareable region's memfd (caller closes), or -1.
-  int DupMemfd(uint64_t id, size_t& mapped_len) const;
+  // A shareable region's part, its fd a dup() the caller closes; fd -1 when
+  // the region is unknown or not shareable.
+  SharedPart DupShared(uint64_t id) const;
   // Removes everything, returning the regions.
   std::vector<LocalRegion> Clear();
 

@@ -7,7 +7,7 @@
 namespace hixl::memory {
 
 RemoteRegion::~RemoteRegion() {
-  if (mapped != nullptr) ::munmap(mapped, mapped_len);
+  if (map_base != nullptr) ::munmap(map_base, map_len);
 }
 
 bool RemoteRegionTable::Insert(RegionRef r) {

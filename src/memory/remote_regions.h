@@ -36,9 +36,13 @@ struct RemoteRegion {
   const bool shareable;  // backed by a memfd the peer will pass us
 
   // Set by a transport before the region is published: a local mapping of
-  // the peer's memory (shm), unmapped when the region is destroyed.
-  void* mapped = nullptr;
-  size_t mapped_len = 0;
+  // the peer's memory (shm) — the peer's bytes [map_lo, map_hi), a part of
+  // the region or all of it, are at `mapped` here; map_base/map_len is the
+  // mapping, unmapped when the region is destroyed.
+  char* mapped = nullptr;
+  uintptr_t map_lo = 0, map_hi = 0;
+  void* map_base = nullptr;
+  size_t map_len = 0;
   // Set by a transport before the region is published: what it needs to reach
   // the region (UCX: the unpacked remote key), released with the region.
   std::shared_ptr<void> transport_state;

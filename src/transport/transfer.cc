@@ -4,19 +4,21 @@ namespace hixl::transport {
 
 Transfer::Transfer(TransferOp op_, std::vector<memory::Slice> slices_,
                    std::vector<memory::RegionRef> pins, net::Deadline deadline_,
-                   std::shared_ptr<const void> keepalive)
+                   std::shared_ptr<const void> keepalive, std::atomic<int>* active)
     : op(op_),
       slices(std::move(slices_)),
       deadline(deadline_),
       pins_(std::move(pins)),
-      keepalive_(std::move(keepalive)) {
+      keepalive_(std::move(keepalive)),
+      active_(active) {
   for (const auto& s : slices) bytes_ += s.len;
 }
 
 Transfer::~Transfer() {
   // A transfer dropped before it ended (e.g. never submitted) still unpins.
-  std::lock_guard<std::mutex> lock(mu_);
+  // The last reference is going: nothing else can touch pins_ (no lock).
   memory::Unpin(pins_);
+  if (active_ != nullptr) active_->fetch_sub(1, std::memory_order_acq_rel);  // before keepalive_
 }
 
 void Transfer::RequestStop(Status why) {
@@ -45,6 +47,12 @@ void Transfer::SetStopHook(std::function<void()> hook) {
     stop_hook_ran_ = true;
   }
   hook();
+}
+
+Status Transfer::CheckStop() const {
+  if (!stop_.load(std::memory_order_acquire)) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_reason_;
 }
 
 Status Transfer::CheckContinue() const {
@@ -95,6 +103,10 @@ void Transfer::End(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.load(std::memory_order_relaxed) != TransferStatus::WAITING) return;
   keepalive.swap(keepalive_);
+  if (active_ != nullptr) {
+    active_->fetch_sub(1, std::memory_order_acq_rel);
+    active_ = nullptr;
+  }
   memory::Unpin(pins_);
   reason_ = std::move(s);
   TransferStatus st = reason_.ok()                               ? TransferStatus::COMPLETED
@@ -108,11 +120,28 @@ void Transfer::End(Status s) {
 }
 
 Status Transfer::reason() const {
+  // reason_ is final once the state left WAITING (stored before it, with
+  // release): no lock needed then.
+  if (Done()) return reason_;
   std::lock_guard<std::mutex> lock(mu_);
   return reason_;
 }
 
+bool Transfer::SpinUntilDone(std::chrono::microseconds for_) const {
+  const auto until = net::Clock::now() + for_;
+  for (unsigned i = 1;; ++i) {
+    if (Done()) return true;
+    if (i % 64 == 0 && net::Clock::now() >= until) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
+
 bool Transfer::WaitDone(net::Deadline d) const {
+  if (Done()) return true;
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [this] { return state_.load(std::memory_order_acquire) != TransferStatus::WAITING; };
   if (d == net::Deadline::max()) {

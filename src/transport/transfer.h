@@ -7,6 +7,7 @@
 #define HIXL_TRANSPORT_TRANSFER_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -23,9 +24,11 @@ namespace hixl::transport {
 class Transfer : public std::enable_shared_from_this<Transfer> {
  public:
   // keepalive: what must outlive the transfer's execution (the peer and its
-  // channel); released when the transfer ends.
+  // channel); released when the transfer ends. active (optional, kept alive
+  // by keepalive): a count of work in flight, decremented once at the end.
   Transfer(TransferOp op, std::vector<memory::Slice> slices, std::vector<memory::RegionRef> pins,
-           net::Deadline deadline, std::shared_ptr<const void> keepalive = nullptr);
+           net::Deadline deadline, std::shared_ptr<const void> keepalive = nullptr,
+           std::atomic<int>* active = nullptr);
   ~Transfer();
 
   const TransferOp op;
@@ -48,6 +51,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
   bool StopRequested() const { return stop_.load(std::memory_order_acquire); }
   // The reason a part should end with now (stop requested or deadline passed), or OK.
   Status CheckContinue() const;
+  // The same without reading the clock: only a requested stop.
+  Status CheckStop() const;
 
   // The transfer runs as n parts; each calls PartDone once. The last one ends it.
   void SetParts(int n) { parts_left_.store(n, std::memory_order_release); }
@@ -56,6 +61,10 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
   bool Done() const { return state_.load(std::memory_order_acquire) != TransferStatus::WAITING; }
   TransferStatus state() const { return state_.load(std::memory_order_acquire); }
   Status reason() const;
+  // Spins (no sleep, no system call) until the transfer ended or `for_`
+  // passed; true if it ended. For a caller whose answer is microseconds
+  // away: cheaper than being put to sleep and woken.
+  bool SpinUntilDone(std::chrono::microseconds for_) const;
   // Waits until the transfer ended or the deadline passed; true if it ended.
   bool WaitDone(net::Deadline d) const;
 
@@ -65,6 +74,7 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
   size_t bytes_ = 0;
   std::vector<memory::RegionRef> pins_;
   std::shared_ptr<const void> keepalive_;
+  std::atomic<int>* active_ = nullptr;
   std::function<void()> stop_hook_;
   bool stop_hook_ran_ = false;
   std::function<void(std::shared_ptr<Transfer>)> then_;

@@ -69,6 +69,8 @@ struct TransportContext {
   memory::LocalRegions* regions = nullptr;
   ThreadPool* copy_pool = nullptr;
   int copy_threads = 1;
+  // PollSpinUs: how long I/O threads keep polling after activity.
+  int poll_spin_us = 0;
   std::string listen_host;  // the control listener's IP
   // How long an accepted connection may take to prove it belongs to a link
   // (HandshakeTimeoutMs): the control handshake, a data connection's hello.

@@ -26,6 +26,7 @@ namespace {
 constexpr size_t kChunk = 16u << 20;   // stop/deadline checks at least this often
 constexpr size_t kMinPart = 1u << 20;  // never hand a thread less than this
 constexpr size_t kIovMax = 1024;       // IOV_MAX on Linux
+constexpr size_t kInlineBytes = 64u << 10;  // async transfers up to this run on the caller
 constexpr int kUdsRequestMs = 500;
 constexpr size_t kMaxUdsClients = 1024;
 
@@ -173,8 +174,7 @@ void ShmTransport::Serve() {
         std::string type;
         wire::GetStr(req, "t", type, 16);
         wire::Msg reply = wire::Msg::object();
-        int fd = -1;
-        size_t mapped_len = 0;
+        memory::SharedPart part;
         bool token_ok = false;
         if (type == "getfd" && wire::GetU64(req, "token", token) && wire::GetU64(req, "id", id)) {
           std::lock_guard<std::mutex> lock(mu_);
@@ -197,20 +197,24 @@ void ShmTransport::Serve() {
           HIXL_LOG(WARN) << "shm: unix-socket request without a valid token refused";
           continue;  // close: this client never completed a handshake
         }
-        fd = ctx_.regions->DupMemfd(id, mapped_len);
-        if (fd < 0) {
+        part = ctx_.regions->DupShared(id);
+        if (part.fd < 0) {
           reply["t"] = "err";
           reply["reason"] =
               "region " + std::to_string(id) + " is not a registered shareable region";
         } else {
+          // The region's bytes [lo, lo+n) are the file's from off.
           reply["t"] = "fd";
           reply["id"] = id;
-          reply["size"] = static_cast<uint64_t>(mapped_len);
+          reply["lo"] = static_cast<uint64_t>(part.region_off);
+          reply["n"] = static_cast<uint64_t>(part.len);
+          reply["off"] = part.file_off;
+          reply["unsealed"] = !part.sealed;
         }
         auto frame = wire::EncodeFrame(reply);
-        s = net::SendWithFd(conns[i].get(), frame.data(), frame.size(), fd,
+        s = net::SendWithFd(conns[i].get(), frame.data(), frame.size(), part.fd,
                             net::DeadlineAfterMs(kUdsRequestMs));
-        if (fd >= 0) ::close(fd);
+        if (part.fd >= 0) ::close(part.fd);
         if (!s.ok()) continue;
       }
       keep.push_back(std::move(conns[i]));
@@ -257,7 +261,8 @@ class ShmChannel final : public Channel {
     size_t last_end = 0;  // bytes of slices[end-1] to cover, from its start
   };
   Status RunPart(const Transfer& t, const Part& p) const;
-  Status CopyMapped(TransferOp op, const memory::Slice& s, size_t off, size_t len) const;
+  static void CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
+                         uintptr_t remote, size_t len);
   Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
                  size_t bytes) const;
   std::vector<Part> Split(const Transfer& t) const;
@@ -347,26 +352,45 @@ Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg*) {
   }
   std::string type;
   wire::GetStr(reply, "t", type, 16);
-  uint64_t id = 0, size = 0;
+  uint64_t id = 0, lo = 0, n = 0, off = 0;
+  bool unsealed = false;
   if (type != "fd" || !wire::GetU64(reply, "id", id) || id != r.id ||
-      !wire::GetU64(reply, "size", size) || !memfd.valid()) {
+      !wire::GetU64(reply, "lo", lo) || !wire::GetU64(reply, "n", n) ||
+      !wire::GetU64(reply, "off", off) || !wire::GetBool(reply, "unsealed", unsealed) ||
+      !memfd.valid()) {
     std::string reason;
     wire::GetStr(reply, "reason", reason);
     return Status::Failed("shm: peer " + engine_ + " did not pass region " + std::to_string(r.id) +
                           (reason.empty() ? "" : ": " + reason));
   }
-  // Never map something that could shrink under us or is shorter than the region.
+  const std::string what = "shm: region " + std::to_string(r.id) + " from " + engine_;
+  // The mapped part lies inside the region, and inside the file.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (n == 0 || lo > r.len || n > r.len - lo || off > UINT64_MAX - n ||
+      off + n > static_cast<uint64_t>(INT64_MAX)) {
+    return Status::Failed(what + ": the peer described a mapping outside the region");
+  }
+  // Never map something that could shrink under us (SIGBUS) or is shorter
+  // than what we map. A file its owner cannot seal is mapped only when the
+  // owner registered it with REGISTER_SHARE_BY_MAPPING, promising not to
+  // truncate it.
   struct stat st;
   int seals = fcntl(memfd.get(), F_GET_SEALS);
-  if (fstat(memfd.get(), &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 ||
-      (seals & F_SEAL_SHRINK) == 0 || static_cast<uint64_t>(st.st_size) < size || size < r.len) {
-    return Status::Failed("shm: region " + std::to_string(r.id) + " from " + engine_ +
-                          " is not a sealed memfd covering the region; refusing to map it");
+  bool sealed = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+  if (fstat(memfd.get(), &st) != 0 || !S_ISREG(st.st_mode) || (!sealed && !unsealed) ||
+      static_cast<uint64_t>(st.st_size) < off + n) {
+    return Status::Failed(what + " is not a sealed file covering the region; refusing to map it");
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
-  if (p == MAP_FAILED) return net::ErrnoStatus("shm: mmap of peer region", errno);
-  r.mapped = p;
-  r.mapped_len = size;
+  const uint64_t base_off = off / page * page;
+  const size_t map_len = static_cast<size_t>((off - base_off) + n);
+  void* p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(),
+                 static_cast<off_t>(base_off));
+  if (p == MAP_FAILED) return net::ErrnoStatus(what + ": mmap", errno);
+  r.map_base = p;
+  r.map_len = map_len;
+  r.mapped = static_cast<char*>(p) + (off - base_off);
+  r.map_lo = r.addr + lo;
+  r.map_hi = r.map_lo + n;
   return Status::Ok();
 }
 
@@ -402,15 +426,15 @@ std::vector<ShmChannel::Part> ShmChannel::Split(const Transfer& t) const {
   return parts;
 }
 
-Status ShmChannel::CopyMapped(TransferOp op, const memory::Slice& s, size_t off, size_t len) const {
-  char* remote = static_cast<char*>(s.region->mapped) + (s.remote - s.region->addr) + off;
-  char* local = reinterpret_cast<char*>(s.local) + off;
+void ShmChannel::CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
+                            uintptr_t remote, size_t len) {
+  char* mine = reinterpret_cast<char*>(local);
+  char* theirs = g.mapped + (remote - g.map_lo);
   if (op == TransferOp::WRITE) {
-    std::memcpy(remote, local, len);
+    std::memcpy(theirs, mine, len);
   } else {
-    std::memcpy(local, remote, len);
+    std::memcpy(mine, theirs, len);
   }
-  return Status::Ok();
 }
 
 Status ShmChannel::CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
@@ -447,29 +471,50 @@ Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
     batch_bytes = 0;
     return s;
   };
+  auto cma = [&](uintptr_t local, uintptr_t remote, size_t len) -> Status {
+    liov[n] = {reinterpret_cast<void*>(local), len};
+    riov[n] = {reinterpret_cast<void*>(remote), len};
+    ++n;
+    batch_bytes += len;
+    return (n == kIovMax || batch_bytes >= kChunk) ? flush() : Status::Ok();
+  };
   size_t since_check = 0;
+  bool first = true;
   for (size_t i = p.begin; i < p.end; ++i) {
     const memory::Slice& s = t.slices[i];
+    const memory::RemoteRegion& g = *s.region;
     size_t off = (i == p.begin) ? p.first_off : 0;
     size_t end = (i + 1 == p.end) ? p.last_end : s.len;
     while (off < end) {
       size_t len = std::min(end - off, kChunk);
       if (since_check >= kChunk || (i - p.begin) % 1024 == 0) {
-        if (Status c = t.CheckContinue(); !c.ok()) return c;
+        // The first check skips the clock: the deadline was just set, and a
+        // timeout reaches a running part as a stop request anyway.
+        Status c = first ? t.CheckStop() : t.CheckContinue();
+        first = false;
+        if (!c.ok()) return c;
         if (closed_.load(std::memory_order_acquire)) {
           return Status::NotConnected("link to " + engine_ + " was closed");
         }
         since_check = 0;
       }
-      if (s.region->mapped != nullptr) {
-        if (Status st = CopyMapped(t.op, s, off, len); !st.ok()) return st;
+      const uintptr_t a = s.remote + off, b = a + len, local = s.local + off;
+      if (g.mapped == nullptr) {
+        if (Status st = cma(local, a, len); !st.ok()) return st;
       } else {
-        liov[n] = {reinterpret_cast<void*>(s.local + off), len};
-        riov[n] = {reinterpret_cast<void*>(s.remote + off), len};
-        ++n;
-        batch_bytes += len;
-        if (n == kIovMax || batch_bytes >= kChunk) {
-          if (Status st = flush(); !st.ok()) return st;
+        // The mapped part [m0, m1) is a memory copy; bytes of the region
+        // outside it (a page it shares with other memory) go by CMA.
+        const uintptr_t m0 = std::min(std::max(g.map_lo, a), b);
+        const uintptr_t m1 = std::max(std::min(g.map_hi, b), m0);
+        if (m0 > a) {
+          if (Status st = cma(local, a, m0 - a); !st.ok()) return st;
+        }
+        if (m1 > m0) {
+          if (Status st = flush(); !st.ok()) return st;  // keep the descriptors' order
+          CopyMapped(t.op, g, local + (m0 - a), m0, m1 - m0);
+        }
+        if (b > m1) {
+          if (Status st = cma(local + (m1 - a), m1, b - m1); !st.ok()) return st;
         }
       }
       off += len;
@@ -480,6 +525,20 @@ Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
 }
 
 void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
+  // A small transfer runs on the calling thread even when the caller does not
+  // wait for it: handing it to a copy thread (a wake-up) costs more than the
+  // copy, and a copy never blocks on the peer.
+  if (t->bytes() <= kInlineBytes) caller_waits = true;
+  if (ctx_.copy_threads <= 1 || t->bytes() < 2 * kMinPart) {  // one part: no split
+    const Part whole{0, t->slices.size(), 0, t->slices.empty() ? 0 : t->slices.back().len};
+    t->SetParts(1);
+    if (caller_waits) {
+      t->PartDone(RunPart(*t, whole));
+    } else if (!ctx_.copy_pool->Submit([this, t, whole] { t->PartDone(RunPart(*t, whole)); })) {
+      t->PartDone(Status::Failed("engine is shutting down"));
+    }
+    return;
+  }
   std::vector<Part> parts = Split(*t);
   t->SetParts(static_cast<int>(parts.size()));
   size_t first_pooled = caller_waits ? 1 : 0;

@@ -382,19 +382,23 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
       t->PartDone(Status::NotConnected("link to " + engine_ + " was closed"));
     return;
   }
+  // Lanes take consecutive runs of pieces (lane k the k-th 1/L of them), so
+  // each lane's pieces go out in few sends and are answered in few reads; a
+  // transfer smaller than two slices uses one lane (the next in turn).
+  const size_t first = rr_.fetch_add(1) % lanes_.size();
+  const size_t use = t->bytes() < 2 * slice ? 1 : std::min(lanes_.size(), count);
   std::vector<std::vector<Piece>> per_lane(lanes_.size());
-  size_t lane = rr_.fetch_add(1) % lanes_.size();
   const uint8_t op = t->op == TransferOp::WRITE ? kOpWrite : kOpRead;
+  size_t index = 0;
   for (const auto& s : t->slices) {
-    for (size_t off = 0; off < s.len; off += slice) {
+    for (size_t off = 0; off < s.len; off += slice, ++index) {
       size_t len = std::min(slice, s.len - off);
       Piece p;
       p.t = t;
       p.hdr = ReqHdr{kReqMagic, op, {0, 0, 0}, 0, s.remote + off, len};
       p.local = reinterpret_cast<char*>(s.local + off);
       p.len = len;
-      per_lane[lane].push_back(std::move(p));
-      lane = (lane + 1) % lanes_.size();
+      per_lane[(first + index * use / count) % lanes_.size()].push_back(std::move(p));
     }
   }
   // A stop (deadline, cancel) drops what has not gone out yet; pieces on the

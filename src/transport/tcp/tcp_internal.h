@@ -54,7 +54,7 @@ struct [[maybe_unused]] PayloadAccess {
 };
 
 constexpr size_t kStaging = 64u << 10;  // header reads; payloads go direct
-constexpr size_t kMaxIov = 64;
+constexpr size_t kMaxIov = 256;
 constexpr size_t kFairnessBytes = 8u << 20;  // per event, so lanes share a thread
 constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
 // Accepted data connections that have not sent a valid hello yet, at most.
@@ -146,7 +146,8 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
     size_t off;  // over header + payload
   };
   void OnEvent(uint32_t ev);
-  bool Process();  // false: closed
+  bool Process();          // serves what arrived, then sends the answers; false: closed
+  bool ProcessRequests();  // false: closed
   // One lane hello (kLaneHelloSize bytes buffered). False: refused, closed.
   bool OnHello();
   // True (and the lane closed) when the initiator has hung up: it gave the

@@ -121,6 +121,14 @@ void ServerLane::UpdateEvents() {
 }
 
 bool ServerLane::Process() {
+  // Answers queue while requests keep coming and go out together when the
+  // input runs dry: one send for a batch of small WRITEs, not one each.
+  bool ok = ProcessRequests();
+  if (ok && !closed_ && !outq_.empty()) ok = Flush();
+  return ok;
+}
+
+bool ServerLane::ProcessRequests() {
   size_t moved = 0;
   auto last = std::chrono::steady_clock::now();
   while (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) {
@@ -228,8 +236,7 @@ bool ServerLane::OnHeader(const ReqHdr& h) {
 void ServerLane::Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len) {
   Out o{RespHdr{kRespMagic, op, status, 0, seq, len}, data, len, 0};
   outq_.push_back(o);
-  out_bytes_ += sizeof(RespHdr) + len;
-  if (outq_.size() == 1) Flush();
+  out_bytes_ += sizeof(RespHdr) + len;  // sent at the end of this batch (Process)
 }
 
 bool ServerLane::Flush() {

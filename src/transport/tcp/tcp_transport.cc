@@ -26,6 +26,7 @@ Status TcpTransport::Start() {
   for (size_t i = 0; i < n; ++i) {
     auto loop = std::make_unique<EventLoop>();
     if (i == 0 && ctx_.listening) loop->SetTicker([this] { ExpireHellos(); }, 100);
+    loop->SetSpin(std::chrono::microseconds(ctx_.poll_spin_us));
     if (Status s = loop->Start("hixl-tcp" + std::to_string(i)); !s.ok()) return s;
     loops_.push_back(std::move(loop));
   }
