@@ -4,9 +4,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "bench/common.h"
@@ -26,9 +28,10 @@ CopyPool::~CopyPool() {
   for (auto& t : helpers_) t.join();
 }
 
-int CopyPool::Run(const std::vector<CopyOp>& ops, uint64_t total, uint64_t min_part) {
+int CopyPool::Run(const std::vector<CopyOp>& ops, uint64_t total, uint64_t min_part, Mover how) {
   ops_ = &ops;
   total_ = total;
+  how_ = how;
   parts_ = threads_;
   if (min_part > 0)
     parts_ = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(threads_),
@@ -43,6 +46,14 @@ int CopyPool::Run(const std::vector<CopyOp>& ops, uint64_t total, uint64_t min_p
   // steals the core a helper, or the engine's copy threads, need.
   for (int left; (left = pending_.load(std::memory_order_acquire)) != 0;)
     pending_.wait(left, std::memory_order_acquire);
+  if (how_.kind != Mover::kMemcpy) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!error_.empty()) {
+      const std::string e = std::move(error_);
+      error_.clear();
+      Fail(e);
+    }
+  }
   return parts_;
 }
 
@@ -60,6 +71,7 @@ void CopyPool::Worker(int part) {
 void CopyPool::DoPart(int part) {
   const uint64_t lo = total_ * static_cast<uint64_t>(part) / static_cast<uint64_t>(parts_);
   const uint64_t hi = total_ * static_cast<uint64_t>(part + 1) / static_cast<uint64_t>(parts_);
+  if (how_.kind != Mover::kMemcpy) return CmaPart(lo, hi);
   uint64_t off = 0;
   for (const CopyOp& op : *ops_) {
     const uint64_t end = off + op.len;
@@ -72,9 +84,59 @@ void CopyPool::DoPart(int part) {
   }
 }
 
+// The bytes [lo, hi) of the job by process_vm_writev/readv, in the calls the
+// engine's shm transport would make for them (see Mover).
+void CopyPool::CmaPart(uint64_t lo, uint64_t hi) {
+  constexpr size_t kChunk = 16 * MiB, kIovMax = 1024;  // the engine's limits
+  iovec liov[kIovMax], riov[kIovMax];
+  size_t n = 0, bytes = 0;
+  const bool write = how_.kind == Mover::kCmaWrite;
+  auto flush = [&]() -> bool {
+    if (n == 0) return true;
+    const ssize_t r = write ? process_vm_writev(how_.pid, liov, n, riov, n, 0)
+                            : process_vm_readv(how_.pid, liov, n, riov, n, 0);
+    const int err = errno;
+    const bool ok = r >= 0 && static_cast<size_t>(r) == bytes;
+    if (!ok) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (error_.empty())
+        error_ =
+            std::string("cma baseline: ") + (write ? "process_vm_writev" : "process_vm_readv") +
+            " to pid " + std::to_string(how_.pid) +
+            (r < 0 ? std::string(" failed: ") + std::strerror(err)
+                   : " moved " + std::to_string(r) + " of " + std::to_string(bytes) + " bytes");
+    }
+    n = bytes = 0;
+    return ok;
+  };
+  uint64_t off = 0;
+  for (const CopyOp& op : *ops_) {
+    const uint64_t end = off + op.len;
+    if (end > lo && off < hi) {
+      for (uint64_t s = std::max(lo, off), e = std::min(hi, end); s < e;) {
+        const size_t len = std::min<uint64_t>(e - s, kChunk);
+        // local = this process's side, remote = the target's
+        uint8_t* local = write ? const_cast<uint8_t*>(op.src) + (s - off) : op.dst + (s - off);
+        uint8_t* remote = write ? op.dst + (s - off) : const_cast<uint8_t*>(op.src) + (s - off);
+        liov[n] = {local, len};
+        riov[n] = {remote, len};
+        ++n;
+        bytes += len;
+        if ((n == kIovMax || bytes >= kChunk) && !flush()) return;
+        s += len;
+      }
+    }
+    if (end >= hi) break;
+    off = end;
+  }
+  flush();
+}
+
 // ------------------------------------------------------- socket baseline ---
 
-SocketBaseline::SocketBaseline() {
+namespace {
+// A connected loopback TCP pair (client, server), TCP_NODELAY on both.
+void LoopbackPair(int& client, int& server, const std::string& what) {
   int l = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -82,15 +144,20 @@ SocketBaseline::SocketBaseline() {
   socklen_t len = sizeof(a);
   if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(l, 1) != 0 ||
       getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    Fail("socket baseline: cannot listen on loopback");
-  tx = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (::connect(tx, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
-    Fail("socket baseline: connect");
-  rx = ::accept(l, nullptr, nullptr);
+    Fail(what + ": cannot listen on loopback");
+  client = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) Fail(what + ": connect");
+  server = ::accept(l, nullptr, nullptr);
   ::close(l);
-  if (rx < 0) Fail("socket baseline: accept");
+  if (server < 0) Fail(what + ": accept");
   int one = 1;
-  setsockopt(tx, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+}  // namespace
+
+SocketBaseline::SocketBaseline() {
+  LoopbackPair(tx, rx, "socket baseline");
   receiver = std::thread([this] { Receive(); });
 }
 
@@ -177,6 +244,51 @@ void SocketBaseline::Receive() {
     }
     cv.notify_all();
   }
+}
+
+namespace {
+// Blocking: all of n bytes, or false at EOF or an error.
+bool RecvFull(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+bool SendFull(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+}  // namespace
+
+PingPong::PingPong(size_t out) : out_(out), tx_(out, 'p'), rx_(16) {
+  LoopbackPair(a_, b_, "ping-pong baseline");
+  echo_ = std::thread([this] {
+    std::vector<char> in(out_), answer(16, 'a');
+    while (RecvFull(b_, in.data(), in.size()) && SendFull(b_, answer.data(), answer.size())) {
+    }
+  });
+}
+
+PingPong::~PingPong() {
+  ::shutdown(a_, SHUT_RDWR);  // the echo thread sees EOF
+  echo_.join();
+  ::close(a_);
+  ::close(b_);
+}
+
+void PingPong::RoundTrip() {
+  if (!SendFull(a_, tx_.data(), out_) || !RecvFull(a_, rx_.data(), rx_.size()))
+    Fail("ping-pong baseline: the echo thread went away");
 }
 
 }  // namespace hixl_bench

@@ -202,6 +202,7 @@ void PrintJson(const Measurement& m) {
       ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f",
       m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch, m.threads,
       m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us);
+  if (m.window > 0) std::printf(",\"window\":%" PRIu64 ",\"tps\":%.1f", m.window, m.tps);
   if (!m.has_baseline) {
     // No baseline ran (ucx_perftest missing or failed): no ratio either.
     std::printf(",\"baseline\":\"none\"");
@@ -210,52 +211,98 @@ void PrintJson(const Measurement& m) {
                 ",\"baseline_threads\":%" PRIu64 ",\"ratio\":%.4f",
                 m.baseline.c_str(), m.base_gbps, m.base_p50_us, m.base_threads, m.Ratio());
     if (m.ratio_of != "gbps") std::printf(",\"ratio_of\":\"%s\"", m.ratio_of.c_str());
+    if (m.window > 0) std::printf(",\"baseline_tps\":%.1f", m.base_tps);
   }
+  if (!m.baseline_env.empty())
+    std::printf(",\"baseline_env\":\"%s\"", JsonEscape(m.baseline_env).c_str());
   if (!m.baseline_note.empty())
     std::printf(",\"baseline_note\":\"%s\"", JsonEscape(m.baseline_note).c_str());
   if (m.before_gbps > 0) {
     std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
                 m.before_gbps, m.gbps / m.before_gbps);
   }
+  if (m.has_cma) {
+    std::printf(",\"cma\":\"%s\",\"cma_gbps\":%.4f,\"cma_p50_us\":%.3f,\"cma_threads\":%" PRIu64
+                ",\"cma_ratio\":%.4f",
+                m.op == "read" ? "process_vm_readv" : "process_vm_writev", m.cma_gbps, m.cma_p50_us,
+                m.cma_threads, m.cma_gbps > 0 ? m.gbps / m.cma_gbps : 0.0);
+  }
+  // CPU ms (initiator + target, user + sys) per 10^9 bytes and per 10^4 transfers.
+  if (m.cpu.measured)
+    std::printf(",\"cpu_ms_per_gb\":%.3f,\"cpu_ms_per_10k\":%.3f,\"target_cpu_ms_per_gb\":%.3f",
+                m.cpu.ms_per_gb, m.cpu.ms_per_10k, m.cpu.target_ms_per_gb);
+  if (m.base_cpu.measured && m.has_baseline)
+    std::printf(",\"baseline_cpu_ms_per_gb\":%.3f,\"baseline_cpu_ms_per_10k\":%.3f",
+                m.base_cpu.ms_per_gb, m.base_cpu.ms_per_10k);
+  if (m.cma_cpu.measured)
+    std::printf(",\"cma_cpu_ms_per_gb\":%.3f,\"cma_cpu_ms_per_10k\":%.3f", m.cma_cpu.ms_per_gb,
+                m.cma_cpu.ms_per_10k);
+  if (m.remote_mapped >= 0)
+    std::printf(",\"remote_mapped\":%s", m.remote_mapped ? "true" : "false");
   std::printf(",\"verified\":%s}\n", m.verified < 0 ? "null" : (m.verified ? "true" : "false"));
   std::fflush(stdout);
 }
 
+std::string CpuCell(const CpuFigures& f, bool per_gb) {
+  if (!f.measured) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", per_gb ? f.ms_per_gb : f.ms_per_10k);
+  return b;
+}
+
+// The columns after ratio: cma (shm), CPU, mapping.
+//   cma_GB/s cma_r  bare cross-memory attach into the target, ours / it
+//   cpu/GB          CPU ms (both processes) per 10^9 bytes: hixl, baseline (b), cma (c)
+//   cpu/10k         CPU ms (both processes) per 10^4 transfers, hixl
+//   map             shm: whether the engine mapped the target's region
 void PrintTableHeader(const std::string& transport) {
   if (transport == "ucx") {
     // ratio: GB/s over perftest's for bandwidth rows, perftest p50 over ours for
     // the latency row: > 1 means hixl is faster either way.
-    std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %7s %9s %9s %9s %9s %-12s %9s %9s %7s %s\n",
-                 "mem", "mode", "op", "block", "batch", "iters", "GB/s", "avg_us", "p50_us",
-                 "p99_us", "perftest", "pt_GB/s", "pt_p50_us", "ratio", "verified");
+    std::fprintf(stderr,
+                 "%-7s %-9s %-5s %6s %5s %7s %9s %9s %9s %9s %-12s %9s %9s %7s %7s %7s %s\n", "mem",
+                 "mode", "op", "block", "batch", "iters", "GB/s", "avg_us", "p50_us", "p99_us",
+                 "perftest", "pt_GB/s", "pt_p50_us", "ratio", "cpu/GB", "cpu/10k", "verified");
     return;
   }
-  std::fprintf(stderr, "%-6s %-9s %-5s %6s %5s %3s %7s %9s %9s %9s %9s %9s %4s %7s %s\n", "mem",
-               "mode", "op", "block", "batch", "thr", "iters", "GB/s", "avg_us", "p50_us", "p99_us",
-               "baseline", "bthr", "ratio", "verified");
+  std::fprintf(stderr,
+               "%-7s %-9s %-5s %6s %5s %3s %7s %9s %9s %9s %9s %9s %4s %7s %9s %6s %7s %7s %7s %7s "
+               "%3s %s\n",
+               "mem", "mode", "op", "block", "batch", "thr", "iters", "GB/s", "avg_us", "p50_us",
+               "p99_us", "baseline", "bthr", "ratio", "cma_GB/s", "cma_r", "cpu/GB", "bcpu/GB",
+               "ccpu/GB", "cpu/10k", "map", "verified");
 }
 
 void PrintTableRow(const Measurement& m) {
   const char* verified = m.verified < 0 ? "-" : (m.verified ? "yes" : "NO");
+  const std::string cpu_gb = CpuCell(m.cpu, true), cpu_10k = CpuCell(m.cpu, false);
   if (m.transport == "ucx") {
     std::string test = m.has_baseline ? m.baseline : "none";
     if (test.rfind("ucx_perftest:", 0) == 0) test = test.substr(13);
     char ratio[32] = "-";
     if (m.has_baseline) std::snprintf(ratio, sizeof ratio, "%.3f", m.Ratio());
     std::fprintf(stderr,
-                 "%-6s %-9s %-5s %6s %5" PRIu64 " %7" PRIu64
-                 " %9.3f %9.2f %9.2f %9.2f %-12s %9.3f %9.2f %7s %s\n",
+                 "%-7s %-9s %-5s %6s %5" PRIu64 " %7" PRIu64
+                 " %9.3f %9.2f %9.2f %9.2f %-12s %9.3f %9.2f %7s %7s %7s %s\n",
                  m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
                  m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, test.c_str(), m.base_gbps,
-                 m.base_p50_us, ratio, verified);
+                 m.base_p50_us, ratio, cpu_gb.c_str(), cpu_10k.c_str(), verified);
     return;
   }
+  char cma[32] = "-", cma_r[32] = "-";
+  if (m.has_cma) {
+    std::snprintf(cma, sizeof cma, "%.3f", m.cma_gbps);
+    std::snprintf(cma_r, sizeof cma_r, "%.3f", m.cma_gbps > 0 ? m.gbps / m.cma_gbps : 0.0);
+  }
+  const char* map = m.remote_mapped < 0 ? "-" : (m.remote_mapped ? "yes" : "no");
   std::fprintf(stderr,
-               "%-6s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
-               " %9.3f %9.2f %9.2f %9.2f %9.3f %4" PRIu64 " %7.3f %s\n",
+               "%-7s %-9s %-5s %6s %5" PRIu64 " %3" PRIu64 " %7" PRIu64
+               " %9.3f %9.2f %9.2f %9.2f %9.3f %4" PRIu64 " %7.3f %9s %6s %7s %7s %7s %7s %3s %s\n",
                m.mem.c_str(), m.mode.c_str(), m.op.c_str(), HumanSize(m.block).c_str(), m.batch,
                m.threads, m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us, m.base_gbps,
-               m.base_threads, m.Ratio(), verified);
+               m.base_threads, m.Ratio(), cma, cma_r, cpu_gb.c_str(),
+               CpuCell(m.base_cpu, true).c_str(), CpuCell(m.cma_cpu, true).c_str(), cpu_10k.c_str(),
+               map, verified);
 }
 
 // --------------------------------------------------------------- progress ---

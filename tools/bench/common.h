@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/cpu.h"
+
 namespace hixl_bench {
 
 constexpr uint64_t KiB = 1024;
@@ -98,9 +100,9 @@ double JainIndex(const std::vector<double>& x);
 
 // ----------------------------------------------------------------- output ---
 
-// One bandwidth or latency point of the sweep.
+// One bandwidth, latency or stream point.
 struct Measurement {
-  std::string mode;  // "bandwidth" | "latency"
+  std::string mode;  // "bandwidth" | "latency" | "stream"
   std::string transport, mem, op;
   uint64_t block = 0, batch = 0, threads = 0, iters = 0;
   double gbps = 0, avg_us = 0, p50_us = 0, p99_us = 0;
@@ -116,6 +118,18 @@ struct Measurement {
   // base_p50_us / p50_us, so > 1 means hixl is faster in both cases.
   double ratio = -1;
   std::string ratio_of = "gbps";  // "gbps" | "p50_us"
+  std::string baseline_env;       // UCX_* settings the baseline ran under, if its own
+  // shm: bare process_vm_writev/readv of the same bytes into the target's
+  // region, split over the same threads (cma_ratio = gbps / cma_gbps).
+  bool has_cma = false;
+  double cma_gbps = 0, cma_p50_us = 0;
+  uint64_t cma_threads = 1;
+  // CPU (user+sys) of initiator + target over each leg's timed loops.
+  CpuFigures cpu, base_cpu, cma_cpu;
+  int remote_mapped = -1;  // shm: 1 the engine mapped the target's region, 0 not, -1 unknown
+  // --stream: transfers in flight, transfers per second (ours and perftest's)
+  uint64_t window = 0;
+  double tps = 0, base_tps = 0;
   double Ratio() const {
     if (!has_baseline) return 0;
     if (ratio >= 0) return ratio;
@@ -127,6 +141,8 @@ struct Measurement {
 std::string LinkTypeOption(const std::string& transport);
 
 void PrintJson(const Measurement& m);
+// A CPU figure for a table cell: ms per GB (per_gb) or per 10k transfers; "-" if not measured.
+std::string CpuCell(const CpuFigures& f, bool per_gb);
 // transport "ucx": the ucx_perftest columns.
 void PrintTableHeader(const std::string& transport = "");
 void PrintTableRow(const Measurement& m);

@@ -1,5 +1,6 @@
 #include "bench/modes.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -18,6 +20,96 @@
 #include "bench/process.h"
 
 namespace hixl_bench {
+
+namespace {
+
+// Whether the page at p is part of a shared mapping (after an inplace
+// RegisterMem it must be: the engine moved it into its memfd).
+bool SharedAt(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream in("/proc/self/maps");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ss(line);
+    std::string range, perms;
+    if (!(ss >> range >> perms) || range.find('-') == std::string::npos) continue;
+    const uint64_t lo = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
+    const uint64_t hi = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
+    if (a >= lo && a < hi) return perms.size() >= 4 && perms[3] == 's';
+  }
+  return false;
+}
+
+// --control with --mem memfd/inplace: RegisterMem + DeregisterMem of len bytes
+// of touched memory of that kind. memfd: the application's sealed memfd
+// (registered as it is, 200 times); inplace: anonymous pages registered with
+// REGISTER_SHARE_BY_MAPPING, which moves them into an engine memfd and back
+// (--iters times, default 20), so its cost is reported per GiB too; "moved"
+// says whether the pages were shared while registered. With --verify the
+// pages must keep their bytes through both moves.
+void TimeShareRegistration(const Options& o, hixl::Hixl& engine, const std::string& kind,
+                           size_t len) {
+  const bool inplace = kind == "inplace";
+  int fd = -1;
+  void* mem = MAP_FAILED;
+  if (inplace) {
+    mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  } else {
+    fd = memfd_create("hixl-bench-control", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(len)) != 0)
+      Fail(std::string("memfd of 1 GiB: ") + std::strerror(errno));
+    mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem != MAP_FAILED && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+      Fail(std::string("F_ADD_SEALS failed: ") + std::strerror(errno));
+  }
+  if (mem == MAP_FAILED) Fail("mmap 1 GiB (" + kind + ") failed: " + std::strerror(errno));
+  uint8_t* p = static_cast<uint8_t*>(mem);
+  const uint64_t seed = Mix(len) ^ (inplace ? 1 : 2);
+  FillPattern(p, len, seed);  // touched, as a KV pool in use is
+  const uint32_t flags = inplace ? hixl::REGISTER_SHARE_BY_MAPPING : hixl::REGISTER_DEFAULT;
+  const uint64_t n = inplace ? (o.iters ? o.iters : 20) : 200;
+  auto check = [&](const char* when) {
+    if (!o.verify) return;
+    const size_t bad = FindPatternMismatch(p, len, seed);
+    if (bad != SIZE_MAX)
+      Fail("VERIFY FAILED (register_mem " + kind + "): bytes changed " + when + " at offset " +
+           std::to_string(bad));
+  };
+  std::vector<double> reg_us, dereg_us;
+  bool moved = true;
+  for (uint64_t i = 0; i < n; ++i) {
+    hixl::MemHandle h = 0;
+    auto a = Clock::now();
+    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(p), len}, hixl::MemType::MEM_HOST, h,
+                             hixl::MEM_PERM_READ_WRITE, flags),
+          "RegisterMem (" + kind + ")");
+    reg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    if (i == 0) check("by RegisterMem");
+    if (inplace) moved = moved && SharedAt(p) && SharedAt(p + len - 1);
+    a = Clock::now();
+    Check(engine.DeregisterMem(h), "DeregisterMem (" + kind + ")");
+    dereg_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  check("by RegisterMem + DeregisterMem");
+  munmap(mem, len);
+  if (fd >= 0) close(fd);
+  const double gib = static_cast<double>(len) / static_cast<double>(GiB);
+  for (auto* row : {&reg_us, &dereg_us}) {
+    std::sort(row->begin(), row->end());
+    const char* what = row == &reg_us ? "register_mem" : "deregister_mem";
+    const double p50 = Percentile(*row, 0.50), p99 = Percentile(*row, 0.99);
+    std::printf(
+        "{\"mode\":\"control\",\"op\":\"%s %s 1GiB\",\"mem\":\"%s\",\"bytes\":%zu,"
+        "\"iters\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f,\"ms_per_gib\":%.3f,"
+        "\"moved\":%s,\"verified\":%s}\n",
+        what, kind.c_str(), kind.c_str(), len, row->size(), p50, p99, p50 / 1e3 / gib,
+        inplace ? (moved ? "true" : "false") : "null", o.verify ? "true" : "null");
+    std::fprintf(stderr, "%-28s p50 %9.1f us   p99 %9.1f us   %8.3f ms/GiB%s\n",
+                 (std::string(what) + " " + kind + " 1GiB").c_str(), p50, p99, p50 / 1e3 / gib,
+                 inplace && !moved ? "   (pages NOT moved into shared memory)" : "");
+  }
+}
+
+}  // namespace
 
 // --control: the control-plane costs a user pays outside transfers.
 int RunControl(const Options& o) {
@@ -62,6 +154,8 @@ int RunControl(const Options& o) {
   report("register_mem 1GiB", reg_us);
   report("deregister_mem 1GiB", dereg_us);
   munmap(mem, gib);
+  for (const std::string& kind : o.mems)
+    if (kind == "memfd" || kind == "inplace") TimeShareRegistration(o, engine, kind, gib);
   engine.Finalize();
   child.Stop();
   return 0;

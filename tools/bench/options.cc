@@ -1,5 +1,6 @@
 #include "bench/options.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -22,8 +23,15 @@ void Usage() {
       "                              (ucp_put_bw/ucp_get for sweeps, ucp_put_lat for --latency;\n"
       "                              $HIXL_BENCH_UCX_PERFTEST overrides the binary)\n"
       "  --slice SIZE                tcp: TcpSliceSize (default: the engine's)\n"
-      "  --mem alloc|malloc|both     target region from AllocMem or malloc+RegisterMem (default "
-      "alloc)\n"
+      "  --mem KIND                  the target's region (default alloc); KIND is one of, or a\n"
+      "                              comma list of: alloc (AllocMem: an engine memfd, mapped by\n"
+      "                              local peers), malloc (malloc + RegisterMem: reached by\n"
+      "                              cross-memory attach), memfd (the target's own sealed memfd:\n"
+      "                              memfd_create, ftruncate, mmap MAP_SHARED, F_SEAL_SHRINK|\n"
+      "                              F_SEAL_GROW, then RegisterMem), inplace (anonymous pages,\n"
+      "                              RegisterMem with REGISTER_SHARE_BY_MAPPING); both = alloc,\n"
+      "                              malloc; all = alloc,malloc,memfd,inplace. --control with\n"
+      "                              memfd/inplace also times their RegisterMem+DeregisterMem\n"
       "  --iters N                   timed transfers per rep (default: >= 256 MiB moved, min 5)\n"
       "  --reps R                    repetitions, median reported (default 5)\n"
       "  --verify                    check the bytes after each rep\n"
@@ -43,7 +51,28 @@ void Usage() {
       "                              hixl-kv-bench from this program's directory, passing\n"
       "                              --transport, --reps, --verify, --table through (other\n"
       "                              options are ignored)\n"
-      "  --table                     human table on stderr (JSON lines always on stdout)\n"
+      "  --stream                    async transfers of one block each (--blocks, default\n"
+      "                              4K; --op, default write), --window requests in flight,\n"
+      "                              oldest reaped first: transfers/s and GB/s beside\n"
+      "                              ucx_perftest ucp_put_bw (read: ucp_get) -O WINDOW in the\n"
+      "                              same run, under UCX_TLS=posix,cma,self (shm), tcp,self\n"
+      "                              (tcp) or the inherited UCX_* (ucx); --iters: transfers\n"
+      "                              per rep (default: >= 256 MiB and >= 10 windows)\n"
+      "  --window W                  --stream: requests in flight (default 64)\n"
+      "  --no-cma                    shm: skip the cross-memory attach reference. By default\n"
+      "                              every shm row (any --mem) also times a bare\n"
+      "                              process_vm_writev/readv of the same bytes from this\n"
+      "                              process into the target's region, split over the same\n"
+      "                              threads (none < --baseline-min-part; <= 1024 iovecs and\n"
+      "                              16 MiB a call, as the engine): cma_gbps, cma_ratio =\n"
+      "                              gbps / cma_gbps. For malloc it is the engine's own path;\n"
+      "                              for mapped memory, the path mapping avoids\n"
+      "  --table                     human table on stderr (JSON lines always on stdout). Every\n"
+      "                              row also has the CPU time (user+sys, all threads) of this\n"
+      "                              process and the target over its timed loops: cpu_ms_per_gb\n"
+      "                              (ms per 10^9 bytes), cpu_ms_per_10k (ms per 10^4\n"
+      "                              transfers), and the same for the memcpy/socket baseline\n"
+      "                              (baseline_cpu_*) and cma (cma_cpu_*); not for ucx_perftest\n"
       "  --max-total SIZE            skip transfers larger than SIZE bytes (default 256M)\n"
       "  --region-size SIZE          target region size (default 256M)\n"
       "  --baseline-min-part SIZE    the memcpy baseline gives no thread less than SIZE,\n"
@@ -75,6 +104,7 @@ Options ParseArgs(int argc, char** argv) {
     } else if (a == "--slice")
       o.slice = ParseSize(value());
     else if (a == "--op") {
+      o.op_given = true;
       const std::string v = value();
       if (v == "write")
         o.do_write = true, o.do_read = false;
@@ -95,13 +125,17 @@ Options ParseArgs(int argc, char** argv) {
       for (const auto& s : SplitComma(value())) o.threads.push_back(ParseCount(s, 1, 64));
       o.threads_given = true;
     } else if (a == "--mem") {
-      const std::string v = value();
-      if (v == "alloc" || v == "malloc")
-        o.mems = {v};
-      else if (v == "both")
-        o.mems = {"alloc", "malloc"};
-      else
-        Fail("--mem must be alloc, malloc or both");
+      o.mems.clear();
+      for (const std::string& v : SplitComma(value())) {
+        std::vector<std::string> kinds = {v};
+        if (v == "both") kinds = {"alloc", "malloc"};
+        if (v == "all") kinds = {"alloc", "malloc", "memfd", "inplace"};
+        for (const std::string& k : kinds) {
+          if (k != "alloc" && k != "malloc" && k != "memfd" && k != "inplace")
+            Fail("--mem must be alloc, malloc, memfd, inplace, both or all (or a comma list)");
+          if (std::find(o.mems.begin(), o.mems.end(), k) == o.mems.end()) o.mems.push_back(k);
+        }
+      }
     } else if (a == "--iters")
       o.iters = ParseCount(value(), 1, 100000000);
     else if (a == "--reps") {
@@ -128,6 +162,12 @@ Options ParseArgs(int argc, char** argv) {
       o.kv = true;
     else if (a == "--table")
       o.table = true;
+    else if (a == "--no-cma")
+      o.cma = false;
+    else if (a == "--stream")
+      o.stream = true;
+    else if (a == "--window")
+      o.window = ParseCount(value(), 1, 65536);
     else if (a == "--max-total")
       o.max_total = ParseSize(value());
     else if (a == "--region-size")
@@ -145,6 +185,9 @@ Options ParseArgs(int argc, char** argv) {
   }
   // ucx has no thread/lane option: one engine unless --threads asks for more.
   if (o.transport == "ucx" && !o.threads_given) o.threads = {1};
+  // --stream is about small writes unless told otherwise.
+  if (o.stream && !o.blocks_given) o.blocks = {4 * KiB};
+  if (o.stream && !o.op_given) o.do_write = true, o.do_read = false;
   return o;
 }
 

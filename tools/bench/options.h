@@ -18,8 +18,8 @@ struct Options {
                                   4 * MiB, 16 * MiB, 64 * MiB, 128 * MiB};
   std::vector<uint64_t> batches = {1};
   std::vector<uint64_t> threads = {1, 2};
-  std::vector<std::string> mems = {"alloc"};
-  uint64_t iters = 0;  // 0: auto
+  std::vector<std::string> mems = {"alloc"};  // alloc | malloc | memfd | inplace
+  uint64_t iters = 0;                         // 0: auto
   uint64_t reps = 5;
   bool verify = false;
   bool latency = false;
@@ -28,6 +28,9 @@ struct Options {
   bool notify = false;    // --notify: notification latency after a 4 KiB write
   bool failover = false;  // --failover: time from a peer's death or hang to FAILED
   bool table = false;
+  bool cma = true;       // shm rows: the bare process_vm_writev/readv leg
+  bool stream = false;   // --stream: async single-block transfers, a window in flight
+  uint64_t window = 64;  // --window: requests in flight in --stream
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
   uint64_t baseline_min_part = 1 * MiB;  // 0: always split the memcpy into T parts
@@ -38,6 +41,7 @@ struct Options {
   // Which options the command line gave (--many has defaults of its own,
   // --kv passes through only what was given).
   bool transport_given = false, reps_given = false, blocks_given = false, threads_given = false;
+  bool op_given = false;
 };
 
 void Usage();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,10 +11,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -146,27 +149,92 @@ Target StartTarget(Child& child, const Options& o, const std::string& mem) {
   return t;
 }
 
+namespace {
+
+// The target's region of one --mem kind, registered (or allocated) with engine.
+class Region {
+ public:
+  Region(hixl::Hixl& engine, const std::string& mem, size_t len) : engine_(engine), len_(len) {
+    if (mem == "alloc") {  // engine memory: a sealed memfd of its own
+      void* p = nullptr;
+      Check(engine.AllocMem(len, hixl::MemType::MEM_HOST, &p), "target AllocMem");
+      data_ = static_cast<uint8_t*>(p);
+      return;
+    }
+    uint32_t flags = hixl::REGISTER_DEFAULT;
+    if (mem == "malloc") {  // private heap memory: peers reach it by cross-memory attach
+      malloced_ = static_cast<uint8_t*>(std::malloc(len));
+      if (!malloced_) Fail("malloc(" + std::to_string(len) + ") failed");
+      data_ = malloced_;
+    } else if (mem == "memfd") {
+      // The application's own sealed memfd: the engine sees a shared mapping
+      // of a file that cannot shrink, which local peers may map as it is.
+      memfd_ = memfd_create("hixl-bench-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (memfd_ < 0) Fail(std::string("memfd_create failed: ") + std::strerror(errno));
+      if (ftruncate(memfd_, static_cast<off_t>(len)) != 0)
+        Fail(std::string("ftruncate of the memfd failed: ") + std::strerror(errno));
+      Map(MAP_SHARED, memfd_);
+      if (fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        Fail(std::string("F_ADD_SEALS failed: ") + std::strerror(errno));
+    } else if (mem == "inplace") {
+      // Private anonymous pages (what malloc gives a large buffer), which
+      // RegisterMem moves in place into an engine memfd peers can map.
+      Map(MAP_PRIVATE | MAP_ANONYMOUS, -1);
+      flags = hixl::REGISTER_SHARE_BY_MAPPING;
+    } else {
+      Fail("unknown --mem '" + mem + "'");
+    }
+    std::memset(data_, 0, len);  // touch before registering
+    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(data_), len}, hixl::MemType::MEM_HOST,
+                             handle_, hixl::MEM_PERM_READ_WRITE, flags),
+          "target RegisterMem (" + mem + ")");
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  ~Region() { Release(/*check=*/false); }
+  uint8_t* data() const { return data_; }
+
+  // Deregisters (moving inplace pages back), then frees the memory; with
+  // check, a failed DeregisterMem throws.
+  void Release(bool check = true) {
+    if (handle_ != 0) {
+      const hixl::Status st = engine_.DeregisterMem(handle_);
+      handle_ = 0;
+      if (check) Check(st, "target DeregisterMem");
+    }
+    if (mapped_) munmap(data_, len_);
+    if (memfd_ >= 0) close(memfd_);
+    std::free(malloced_);
+    mapped_ = false;
+    memfd_ = -1;
+    malloced_ = data_ = nullptr;
+  }
+
+ private:
+  void Map(int flags, int fd) {
+    void* p = mmap(nullptr, len_, PROT_READ | PROT_WRITE, flags, fd, 0);
+    if (p == MAP_FAILED) Fail(std::string("mmap of the region failed: ") + std::strerror(errno));
+    data_ = static_cast<uint8_t*>(p);
+    mapped_ = true;
+  }
+
+  hixl::Hixl& engine_;
+  const size_t len_;
+  uint8_t* data_ = nullptr;
+  uint8_t* malloced_ = nullptr;
+  bool mapped_ = false;
+  int memfd_ = -1;
+  hixl::MemHandle handle_ = 0;
+};
+
+}  // namespace
+
 int Serve(const Options& o) {
   hixl::Hixl engine;
   Check(engine.Initialize("127.0.0.1:0", {}), "target Initialize(127.0.0.1:0)");
   const size_t len = o.region_size;
-  const std::string mem = o.mems.front();
-  uint8_t* region = nullptr;
-  std::unique_ptr<uint8_t, decltype(&std::free)> owned(nullptr, &std::free);
-  hixl::MemHandle handle = 0;
-  if (mem == "alloc") {
-    void* p = nullptr;
-    Check(engine.AllocMem(len, hixl::MemType::MEM_HOST, &p), "target AllocMem");
-    region = static_cast<uint8_t*>(p);
-  } else {
-    owned.reset(static_cast<uint8_t*>(std::malloc(len)));
-    if (!owned) Fail("malloc(" + std::to_string(len) + ") failed");
-    region = owned.get();
-    std::memset(region, 0, len);  // touch before registering
-    Check(engine.RegisterMem({reinterpret_cast<uintptr_t>(region), len}, hixl::MemType::MEM_HOST,
-                             handle),
-          "target RegisterMem");
-  }
+  const auto owned = std::make_unique<Region>(engine, o.mems.front(), len);
+  uint8_t* region = owned->data();
   std::memset(region, 0xa5, len);  // fault every page in before timing
   std::printf("READY %s %" PRIuPTR " %zu\n", engine.LocalEngine().c_str(),
               reinterpret_cast<uintptr_t>(region), len);
@@ -180,16 +248,30 @@ int Serve(const Options& o) {
     in >> cmd;
     if (cmd == "quit") break;
     if (cmd == "watch" && (in >> n) && n > 0) {
-      std::vector<double> us;
-      const auto deadline = Clock::now() + std::chrono::seconds(120);
-      std::vector<hixl::NotifyDesc> got;
-      while (us.size() < n && Clock::now() < deadline) {
-        got.clear();
-        Check(engine.GetNotifies(got), "target GetNotifies");
+      // The application waits for notifications in the callback (as one
+      // that has other work would); a thread spinning on GetNotifies would
+      // compete with the engine's own threads for the two cores.
+      struct Seen {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<double> us;
+      };
+      auto seen = std::make_shared<Seen>();  // a late callback may outlive this block
+      seen->us.reserve(n);
+      Check(engine.SetNotifyCallback([seen, n](const hixl::NotifyDesc& d) {
         const int64_t now = NowNs();
-        for (const auto& d : got)
-          us.push_back(static_cast<double>(now - std::stoll(d.notify_msg)) / 1e3);
+        std::lock_guard<std::mutex> lock(seen->mu);
+        seen->us.push_back(static_cast<double>(now - std::stoll(d.notify_msg)) / 1e3);
+        if (seen->us.size() >= n) seen->cv.notify_all();
+      }),
+            "target SetNotifyCallback");
+      std::vector<double> us;
+      {
+        std::unique_lock<std::mutex> lock(seen->mu);
+        seen->cv.wait_for(lock, std::chrono::seconds(120), [&] { return seen->us.size() >= n; });
+        us = seen->us;
       }
+      Check(engine.SetNotifyCallback(nullptr), "target SetNotifyCallback(null)");
       if (us.size() < n) {
         std::printf("ERR got %zu of %" PRIu64 " notifications\n", us.size(), n);
       } else {
@@ -219,7 +301,7 @@ int Serve(const Options& o) {
     }
     std::fflush(stdout);
   }
-  if (handle != 0) Check(engine.DeregisterMem(handle), "target DeregisterMem");
+  owned->Release();   // DeregisterMem, then the memory goes
   engine.Finalize();  // releases AllocMem memory
   return 0;
 }

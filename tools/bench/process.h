@@ -2,7 +2,9 @@
 // --serve) and, for --many, the initiators (--many-worker) — spoken to over
 // line protocols on their stdin/stdout pipes.
 //
-// The target registers a region (AllocMem, or malloc + RegisterMem), prints
+// The target registers a region of one --mem kind (AllocMem; malloc, its own
+// sealed memfd, or anonymous pages + RegisterMem, the last with
+// REGISTER_SHARE_BY_MAPPING), prints
 //   READY <engine ip:port> <region addr, decimal> <region len>
 // on stdout and then serves a tiny line protocol on stdin:
 //   fill <seed> <len> [off]   fill region[off,off+len) with the verify pattern -> "OK"

@@ -40,11 +40,29 @@ std::string FindOnPath(const std::string& name) {
   return "";
 }
 
-// fork + exec args[0]; stdout and stderr go to out_fd. The child dies with us.
-pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
-  std::vector<char*> argv;
+// Our environment with every "KEY=VALUE" of overrides in place of KEY's own.
+std::vector<std::string> MergedEnv(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('=') + 1);
+    bool replaced = false;
+    for (const auto& o : overrides) replaced = replaced || o.rfind(key, 0) == 0;
+    if (!replaced) env.push_back(kv);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
+  return env;
+}
+
+// fork + exec args[0] (with env, if not empty); stdout and stderr go to
+// out_fd. The child dies with us.
+pid_t Spawn(const std::vector<std::string>& args, int out_fd,
+            const std::vector<std::string>& env = {}) {
+  std::vector<char*> argv, envp;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;  // parent (or -1)
@@ -55,7 +73,10 @@ pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
   dup2(out_fd, STDERR_FILENO);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(1);
-  execv(argv[0], argv.data());
+  if (env.empty())
+    execv(argv[0], argv.data());
+  else
+    execve(argv[0], argv.data(), envp.data());
   _exit(127);
 }
 
@@ -124,11 +145,12 @@ struct Captured {
   std::string out;
 };
 
-Captured RunCapture(const std::vector<std::string>& args, int timeout_ms) {
+Captured RunCapture(const std::vector<std::string>& args, int timeout_ms,
+                    const std::vector<std::string>& env = {}) {
   Captured c;
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return c;
-  const pid_t pid = Spawn(args, p[1]);
+  const pid_t pid = Spawn(args, p[1], env);
   close(p[1]);
   if (pid < 0) {
     close(p[0]);
@@ -217,9 +239,13 @@ std::vector<std::string> UcxPerftest::ServerArgs(int port) const {
 }
 
 std::vector<std::string> UcxPerftest::ClientArgs(int port, const std::string& test, uint64_t size,
-                                                 uint64_t iters, uint64_t warmup) const {
-  return {path_, "127.0.0.1",          "-p", std::to_string(port),  "-t", test, "-s",
-          std::to_string(size), "-n", std::to_string(iters), "-w", std::to_string(warmup)};
+                                                 uint64_t iters, uint64_t warmup,
+                                                 const std::vector<std::string>& extra) const {
+  std::vector<std::string> args = {
+      path_, "127.0.0.1",          "-p", std::to_string(port),  "-t", test,
+      "-s",  std::to_string(size), "-n", std::to_string(iters), "-w", std::to_string(warmup)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
 }
 
 UcxPerftest::Result UcxPerftest::Parse(const std::string& text) {
@@ -262,7 +288,8 @@ UcxPerftest::Result UcxPerftest::Parse(const std::string& text) {
 }
 
 UcxPerftest::Result UcxPerftest::Run(const std::string& test, uint64_t size, uint64_t iters,
-                                     uint64_t warmup, int timeout_ms) const {
+                                     uint64_t warmup, int timeout_ms,
+                                     const std::vector<std::string>& extra) const {
   Result res;
   if (!available()) {
     res.error = why_not_;
@@ -283,7 +310,8 @@ UcxPerftest::Result UcxPerftest::Run(const std::string& test, uint64_t size, uin
       return res;
     }
     unlink(log_path);
-    const pid_t server = Spawn(ServerArgs(port), log_fd);
+    const std::vector<std::string> env = env_.empty() ? env_ : MergedEnv(env_);
+    const pid_t server = Spawn(ServerArgs(port), log_fd, env);
     if (server < 0) {
       close(log_fd);
       res.error = std::string("fork failed: ") + std::strerror(errno);
@@ -319,7 +347,7 @@ UcxPerftest::Result UcxPerftest::Run(const std::string& test, uint64_t size, uin
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())
             .count());
     const Captured client =
-        RunCapture(ClientArgs(port, test, size, iters, warmup), std::max(left, 1000));
+        RunCapture(ClientArgs(port, test, size, iters, warmup, extra), std::max(left, 1000), env);
     // The server ends by itself after one test; give it a moment, then end it.
     EndProcess(server, client.timed_out ? 0 : 2000);
     const std::string slog = server_log();

@@ -40,6 +40,10 @@ class UcxPerftest {
   UcxPerftest();
 
   bool available() const { return !path_.empty(); }
+  // "KEY=VALUE" settings server and client run with in place of the
+  // inherited ones (--stream: UCX_TLS=posix,cma,self for --transport shm).
+  void SetEnv(std::vector<std::string> overrides) { env_ = std::move(overrides); }
+  const std::vector<std::string>& env() const { return env_; }
   const std::string& path() const { return path_; }
   const std::string& why_not() const { return why_not_; }
 
@@ -47,14 +51,16 @@ class UcxPerftest {
   std::string TestFor(bool read, bool latency) const;
 
   // One measurement: `size` bytes per message, `iters` timed messages after
-  // `warmup` untimed ones. Bounded by timeout_ms overall.
+  // `warmup` untimed ones. Bounded by timeout_ms overall. extra: more
+  // client arguments (--stream: "-O", the window).
   Result Run(const std::string& test, uint64_t size, uint64_t iters, uint64_t warmup,
-             int timeout_ms) const;
+             int timeout_ms, const std::vector<std::string>& extra = {}) const;
 
   // The command lines Run uses (for the report), with PORT as given.
   std::vector<std::string> ServerArgs(int port) const;
   std::vector<std::string> ClientArgs(int port, const std::string& test, uint64_t size,
-                                      uint64_t iters, uint64_t warmup) const;
+                                      uint64_t iters, uint64_t warmup,
+                                      const std::vector<std::string>& extra = {}) const;
 
   // Parses perftest's output: the last result row ("Final:" row preferred) of
   // 8 numbers (iterations, lat/overhead p50 avg overall, MB/s avg overall,
@@ -63,6 +69,7 @@ class UcxPerftest {
 
  private:
   std::string path_, why_not_;
+  std::vector<std::string> env_;
   std::string get_bw_ = "ucp_get", get_lat_ = "ucp_get";
 };
 
