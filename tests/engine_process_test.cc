@@ -910,6 +910,29 @@ TEST_F(PeerTest, TcpSingleLaneRead128MiB) {
   EXPECT_EQ(peer_->Hash("big", 0, 4096), small.HashHex());
 }
 
+// READs whose replies pass the target's queued-reply limit (64 MiB) while
+// more requests wait in its input buffer: every reply still arrives (the
+// target serves the buffered requests once its sends made room, though no
+// socket event announces them).
+TEST_F(PeerTest, TcpReadRepliesBeyondTheQueueLimitAllArrive) {
+  link_ = "TCP";
+  ASSERT_NO_FATAL_FAILURE(StartPeer());
+  const size_t n = 128 * kMiB;
+  uintptr_t remote = peer_->Reg("big", n, "rw");
+  ASSERT_NE(remote, 0u);
+  ASSERT_NO_FATAL_FAILURE(
+      ConnectEngine({{"TcpLanes", "1"}, {"TcpSliceSize", std::to_string(128 * 1024)}}));
+  ASSERT_TRUE(peer_->Ok("fillpat big 1291"));
+  const std::string want = peer_->Hash("big", 0, n);
+  Buffer& dst = KeptBuffer(n);
+  for (int i = 0; i < 4; ++i) {
+    std::memset(dst.data(), 0, n);
+    SCOPED_TRACE("round " + std::to_string(i));
+    HIXL_ASSERT_OK(Read(dst.addr(), remote, n, 30000));
+    ASSERT_EQ(dst.HashHex(), want);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Two peer processes: A connects to B and moves bytes; this process only
 // gives the commands and compares hashes.

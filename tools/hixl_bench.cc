@@ -151,7 +151,7 @@ int RunInitiator(const Options& o) {
         opts[hixl::options::kLinkType] = "SHM";
         opts[hixl::options::kCopyThreads] = std::to_string(threads);
       }
-      Check(engine->Initialize("127.0.0.1", opts),
+      Check(engine->Initialize("127.0.0.1", WithEngineOpts(o, opts)),
             "Initialize(127.0.0.1, " + o.transport + ", threads/lanes=" + std::to_string(threads) +
                 ")");
       Check(engine->Connect(target.engine, kConnectTimeoutMs), "Connect(" + target.engine + ")");

@@ -176,7 +176,7 @@ inline constexpr const char kLinkType[] = "LinkType";
 inline constexpr const char kCopyThreads[] = "CopyThreads";
 // Microseconds the engine's I/O threads (control, tcp) keep polling after
 // network activity, and a TransferSync caller keeps checking for its answer,
-// before they sleep (0..1000, default 50; 0: sleep at once). Polling is
+// before they sleep (0..1000, default 20; 0: sleep at once). Polling is
 // bounded and only follows activity: an idle engine sleeps. A sleeping
 // thread's wake-up costs 5-60 us on small or virtual machines, more than a
 // small transfer itself; the polling costs CPU only while traffic flows.

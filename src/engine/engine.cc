@@ -736,15 +736,18 @@ void Hixl::Impl::NotifyThread() {
     auto c = notify_counts_.find(conn);
     if (c != notify_counts_.end() && --c->second == 0) notify_counts_.erase(c);
     NotifyCallback cb = notify_cb_;
+    const bool drained = notify_q_.empty();
     const uint64_t seen = notify_pushed_.load(std::memory_order_acquire);
     lock.unlock();
     cb(d);
     cb = nullptr;  // released before the lock is taken again
-    // Notifications tend to come in runs: poll briefly for the next one
-    // rather than sleep and be woken (bounded by PollSpinUs).
-    const auto until = net::Clock::now() + std::chrono::microseconds(opts_.poll_spin_us);
-    while (notify_pushed_.load(std::memory_order_acquire) == seen && net::Clock::now() < until) {
-      std::this_thread::yield();
+    // Notifications tend to come in runs: with none left, poll briefly for
+    // the next one rather than sleep and be woken (bounded by PollSpinUs).
+    if (drained) {
+      const auto until = net::Clock::now() + std::chrono::microseconds(opts_.poll_spin_us);
+      while (notify_pushed_.load(std::memory_order_acquire) == seen && net::Clock::now() < until) {
+        std::this_thread::yield();
+      }
     }
     lock.lock();
   }

@@ -17,7 +17,7 @@ namespace hixl::engine {
 struct Options {
   LinkType link = LinkType::AUTO;
   int copy_threads = 2;
-  int poll_spin_us = 50;
+  int poll_spin_us = 20;
   bool fabric_mem = true;
   int dereg_timeout_ms = 5000;
   int handshake_timeout_ms = 5000;

@@ -64,7 +64,7 @@ std::map<std::string, std::string> EngineOptions(const Options& o, const std::st
     opts[hixl::options::kLinkType] = "SHM";
     opts[hixl::options::kCopyThreads] = std::to_string(threads);
   }
-  return opts;
+  return WithEngineOpts(o, std::move(opts));
 }
 
 hixl::TransferOp ParseOp(const std::string& s) {

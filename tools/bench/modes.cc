@@ -117,7 +117,7 @@ int RunControl(const Options& o) {
   const Target target = StartTarget(child, o, o.mems.front());
   hixl::Hixl engine;
   Check(engine.Initialize("127.0.0.1",
-                          {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
+                          WithEngineOpts(o, {{hixl::options::kLinkType, LinkTypeOption(o.transport)}})),
         "Initialize");
   constexpr int kN = 200;
   auto report = [](const char* what, std::vector<double>& us) {
@@ -169,7 +169,7 @@ int RunNotify(const Options& o) {
   const Target target = StartTarget(child, o, o.mems.front());
   hixl::Hixl engine;
   Check(engine.Initialize("127.0.0.1",
-                          {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
+                          WithEngineOpts(o, {{hixl::options::kLinkType, LinkTypeOption(o.transport)}})),
         "Initialize");
   Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
   const uint64_t n = o.iters ? o.iters : 5000;
@@ -231,7 +231,7 @@ int RunFailover(const Options& o) {
       const Target target = StartTarget(child, o, o.mems.front());
       hixl::Hixl engine;
       Check(engine.Initialize("127.0.0.1",
-                              {{hixl::options::kLinkType, LinkTypeOption(o.transport)}}),
+                              WithEngineOpts(o, {{hixl::options::kLinkType, LinkTypeOption(o.transport)}})),
             "Initialize");
       Check(engine.Connect(target.engine, kConnectTimeoutMs), "Connect");
       const size_t len = std::min<size_t>(target.len, 64 * MiB);

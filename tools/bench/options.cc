@@ -67,6 +67,8 @@ void Usage() {
       "                              16 MiB a call, as the engine): cma_gbps, cma_ratio =\n"
       "                              gbps / cma_gbps. For malloc it is the engine's own path;\n"
       "                              for mapped memory, the path mapping avoids\n"
+      "  --engine-opt KEY=VALUE      an Initialize option for every engine the bench starts,\n"
+      "                              the target's too (repeatable), e.g. PollSpinUs=0\n"
       "  --table                     human table on stderr (JSON lines always on stdout). Every\n"
       "                              row also has the CPU time (user+sys, all threads) of this\n"
       "                              process and the target over its timed loops: cpu_ms_per_gb\n"
@@ -96,6 +98,12 @@ Options ParseArgs(int argc, char** argv) {
     };
     if (a == "--serve")
       o.serve = true;
+    else if (a == "--engine-opt") {
+      const std::string kv = value();
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) Fail("--engine-opt needs KEY=VALUE, got '" + kv + "'");
+      o.engine_opts.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    }
     else if (a == "--transport") {
       o.transport = value();
       if (o.transport != "shm" && o.transport != "tcp" && o.transport != "ucx")
@@ -189,6 +197,12 @@ Options ParseArgs(int argc, char** argv) {
   if (o.stream && !o.blocks_given) o.blocks = {4 * KiB};
   if (o.stream && !o.op_given) o.do_write = true, o.do_read = false;
   return o;
+}
+
+std::map<std::string, std::string> WithEngineOpts(const Options& o,
+                                                  std::map<std::string, std::string> opts) {
+  for (const auto& [k, v] : o.engine_opts) opts[k] = v;
+  return opts;
 }
 
 }  // namespace hixl_bench

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/common.h"
@@ -34,6 +36,9 @@ struct Options {
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
   uint64_t baseline_min_part = 1 * MiB;  // 0: always split the memcpy into T parts
+  // --engine-opt KEY=VALUE: extra Initialize options of every engine the
+  // bench starts (the target's too), e.g. PollSpinUs=0.
+  std::vector<std::pair<std::string, std::string>> engine_opts;
 
   std::vector<uint64_t> many;  // --many N,M: initiator counts (empty: not this mode)
   bool kv = false;             // --kv: exec hixl-kv-bench
@@ -45,6 +50,9 @@ struct Options {
 };
 
 void Usage();
+// opts plus o's --engine-opt values (which win).
+std::map<std::string, std::string> WithEngineOpts(const Options& o,
+                                                  std::map<std::string, std::string> opts);
 Options ParseArgs(int argc, char** argv);
 
 }  // namespace hixl_bench

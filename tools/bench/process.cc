@@ -137,8 +137,13 @@ std::string Child::Reap() {
 // ----------------------------------------------------------------- target ---
 
 Target StartTarget(Child& child, const Options& o, const std::string& mem) {
-  child.Spawn(
-      {"hixl-bench", "--serve", "--mem", mem, "--region-size", std::to_string(o.region_size)});
+  std::vector<std::string> args = {"hixl-bench", "--serve",       "--mem",
+                                   mem,          "--region-size", std::to_string(o.region_size)};
+  for (const auto& [k, v] : o.engine_opts) {
+    args.push_back("--engine-opt");
+    args.push_back(k + "=" + v);
+  }
+  child.Spawn(args);
   const std::string line = child.ReadLine(kReadyTimeoutMs);
   std::istringstream in(line);
   std::string word;
@@ -231,7 +236,7 @@ class Region {
 
 int Serve(const Options& o) {
   hixl::Hixl engine;
-  Check(engine.Initialize("127.0.0.1:0", {}), "target Initialize(127.0.0.1:0)");
+  Check(engine.Initialize("127.0.0.1:0", WithEngineOpts(o, {})), "target Initialize(127.0.0.1:0)");
   const size_t len = o.region_size;
   const auto owned = std::make_unique<Region>(engine, o.mems.front(), len);
   uint8_t* region = owned->data();

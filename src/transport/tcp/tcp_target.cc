@@ -123,9 +123,20 @@ void ServerLane::UpdateEvents() {
 bool ServerLane::Process() {
   // Answers queue while requests keep coming and go out together when the
   // input runs dry: one send for a batch of small WRITEs, not one each.
-  bool ok = ProcessRequests();
-  if (ok && !closed_ && !outq_.empty()) ok = Flush();
-  return ok;
+  for (int round = 0;; ++round) {
+    if (!ProcessRequests() || closed_) return false;
+    if (outq_.empty()) return true;
+    const bool limited = out_bytes_ >= kMaxQueuedReplyBytes;  // requests may still be buffered
+    if (!Flush()) return false;
+    // The send made room, and no event will come for requests already
+    // buffered here: serve them now (a few rounds, then let other lanes run).
+    if (!limited || closing_ || out_bytes_ >= kMaxQueuedReplyBytes || in_.avail() == 0) return true;
+    if (round == 8) {
+      auto self = shared_from_this();
+      loop_->Post([self] { self->OnEvent(EPOLLIN); });
+      return true;
+    }
+  }
 }
 
 bool ServerLane::ProcessRequests() {
