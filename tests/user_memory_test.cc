@@ -222,6 +222,26 @@ TEST(UserMemoryRegister, FlagsAreCheckedAndRegisteringTwiceMovesNothingAgain) {
   e.Finalize();
 }
 
+// A region overlapping another registration is refused before any page
+// moves: the other region's bytes and mapping stay as they were.
+TEST(UserMemoryRegister, OverlapIsRefusedBeforeAnythingMoves) {
+  Hixl e;
+  HIXL_ASSERT_OK(e.Initialize("127.0.0.1:0"));
+  Buffer b(4 * kMiB);
+  hixl_test::FillPattern(b.data(), b.size(), 8);
+  const std::string want = b.HashHex();
+  hixl::MemHandle first = 0, second = 0;
+  HIXL_ASSERT_OK(e.RegisterMem({b.addr(kMiB), kMiB}, hixl::MemType::MEM_HOST, first));
+  Status s = e.RegisterMem({b.addr(), 3 * kMiB}, hixl::MemType::MEM_HOST, second,
+                           hixl::MEM_PERM_READ_WRITE, hixl::REGISTER_SHARE_BY_MAPPING);
+  EXPECT_EQ(s.code(), StatusCode::kParamInvalid) << s.ToString();
+  EXPECT_NE(s.message().find("overlaps"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(SelfMaps("memfd:hixl-user")) << "pages were moved for a refused registration";
+  EXPECT_EQ(b.HashHex(), want);
+  HIXL_EXPECT_OK(e.DeregisterMem(first));
+  e.Finalize();
+}
+
 // Finalize ends every registration: moved pages go back with their contents.
 TEST(UserMemoryRegister, FinalizeMovesRegisteredPagesBack) {
   Buffer b(2 * kMiB);

@@ -210,9 +210,18 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
     return Status::ParamInvalid("RegisterMem: [addr, addr+len) wraps around");
   }
   std::lock_guard<std::mutex> share_lock(share_mu_);
-  if (auto same = regions_.FindByStart(mem.addr); same && same->len == mem.len) {
+  if (auto same = regions_.FindByStart(mem.addr); same && same->len == mem.len && !same->retiring) {
     handle = same->id;  // registered already: the same handle, nothing moved again
     return Status::Ok();
+  }
+  if ((flags & REGISTER_SHARE_BY_MAPPING) != 0) {
+    // Moving pages that belong to another registration could lose a peer's
+    // concurrent write to it: refuse before anything moves.
+    if (auto other = regions_.FindOverlapping(mem.addr, mem.len)) {
+      return Status::ParamInvalid("RegisterMem: region overlaps registered region " +
+                                  std::to_string(other->id) + " at " + std::to_string(other->addr) +
+                                  " (+" + std::to_string(other->len) + ")");
+    }
   }
   // How local peers may reach it: decided (and pages moved, if asked) before
   // any peer can hear of the region.

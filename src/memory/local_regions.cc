@@ -75,6 +75,17 @@ std::optional<LocalRegion> LocalRegions::FindByStart(uintptr_t addr) const {
   return it->second;
 }
 
+std::optional<LocalRegion> LocalRegions::FindOverlapping(uintptr_t addr, size_t len) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_addr_.lower_bound(addr);  // the first region starting at or after addr
+  if (it != by_addr_.end() && it->second.addr < addr + len) return it->second;
+  if (it != by_addr_.begin()) {
+    const LocalRegion& prev = std::prev(it)->second;
+    if (prev.addr + prev.len > addr) return prev;
+  }
+  return std::nullopt;
+}
+
 std::optional<LocalRegion> LocalRegions::FindContaining(uintptr_t addr, size_t len) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_addr_.upper_bound(addr);

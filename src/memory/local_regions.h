@@ -54,6 +54,8 @@ class LocalRegions {
   std::optional<LocalRegion> Remove(uint64_t id);
   std::optional<LocalRegion> Find(uint64_t id) const;
   std::optional<LocalRegion> FindByStart(uintptr_t addr) const;
+  // A region sharing at least one byte with [addr, addr+len), or nullopt.
+  std::optional<LocalRegion> FindOverlapping(uintptr_t addr, size_t len) const;
   // Finds the region that wholly contains [addr, addr+len).
   std::optional<LocalRegion> FindContaining(uintptr_t addr, size_t len) const;
   std::vector<LocalRegion> Snapshot() const;
