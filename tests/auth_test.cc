@@ -432,4 +432,37 @@ TEST_F(AuthRawTest, ShmMemfdRequestsOfAnAuthenticatedLinkNeedTheLinkKey) {
       "answered");
 }
 
+TEST_F(AuthRawTest, ShmNotificationRingRequestsOfAnAuthenticatedLinkNeedTheLinkKey) {
+  // A notification ring (and its doorbell) is handed out under the same
+  // rule as memory: the token alone, or a tag over another id, gets nothing.
+  RawControl c;
+  std::string err;
+  ASSERT_TRUE(c.Open(target_->engine(), false, &err, kSecret)) << err;
+  const auto& shm = c.welcome["tp"]["shm"];
+  ASSERT_TRUE(shm.is_object()) << c.welcome.dump();
+  const std::string uds = shm["uds"].get<std::string>();
+  const uint64_t token = shm["token"].get<uint64_t>();
+  const uint64_t ring_id = UINT64_MAX;  // the id a ring request's tag covers
+  auto tag_over = [&](uint64_t id) {
+    Bytes parts;
+    PutU64(parts, token);
+    PutU64(parts, id);
+    return ToHex(
+        HmacTag(std::string(c.link_key.begin(), c.link_key.end()), "hixl-auth-v1 shm", parts));
+  };
+  const char* t = "getring";
+  EXPECT_EQ(ShmRequest(uds, {{"t", t}, {"token", token}, {"id", ring_id}}), "closed") << t;
+  EXPECT_EQ(ShmRequest(uds, {{"t", t}, {"token", token}, {"id", 7}, {"tag", tag_over(7)}}),
+            "closed")
+      << t;
+  EXPECT_EQ(ShmRequest(
+                uds, {{"t", t}, {"token", token + 1}, {"id", ring_id}, {"tag", tag_over(ring_id)}}),
+            "closed")
+      << t;
+  EXPECT_EQ(
+      ShmRequest(uds, {{"t", t}, {"token", token}, {"id", ring_id}, {"tag", tag_over(ring_id)}}),
+      "answered")
+      << t;
+}
+
 }  // namespace

@@ -202,6 +202,8 @@ TEST(EngineBasics, BadOptionValuesAreParamInvalid) {
       {"HandshakeTimeoutMs", "x"},
       {"PollSpinUs", "-1"},
       {"PollSpinUs", "1001"},
+      {"ShmNotifyRing", "2"},
+      {"ShmNotifyRing", "on"},
   };
   for (const auto& [k, v] : bad) {
     Hixl e;
@@ -223,6 +225,8 @@ TEST(EngineBasics, GoodOptionValuesAreAccepted) {
       {{"DeregisterTimeoutMs", "100"}, {"HandshakeTimeoutMs", "100"}},
       {{"PollSpinUs", "0"}},
       {{"PollSpinUs", "1000"}},
+      {{"ShmNotifyRing", "0"}},
+      {{"ShmNotifyRing", "1"}},
   };
   for (const auto& opts : good) {
     Hixl e;

@@ -43,8 +43,9 @@
 //                              TransferSync WRITE with TransferArgs::notify
 //                              {NNAME, NMSG}
 //   sendnotify ENGINE NAME MSG [TIMEOUT_MS]   SendNotify (default 1000 ms)
-//   getnotifies [from]         drain GetNotifies -> OK <n> <name>=<msg> ...
-//                              (oldest first; with "from": <name>=<msg>@<from>)
+//   getnotifies [from|names]   drain GetNotifies -> OK <n> <name>=<msg> ...
+//                              (oldest first; with "from": <name>=<msg>@<from>;
+//                              with "names": <name> only)
 //   watchnotify NAME COUNT TIMEOUT_MS
 //                              poll GetNotifies (every ~100 us) until COUNT
 //                              notifications arrived. Each msg must be
@@ -537,6 +538,10 @@ class Peer {
       if (!s.ok()) return Reply(Err(s)), true;
       std::string out = "OK " + std::to_string(got.size());
       for (const auto& n : got) {
+        if (opt == "names") {
+          out += " " + n.name;
+          continue;
+        }
         out += " " + n.name + "=" + n.notify_msg;
         if (opt == "from") out += "@" + n.from;
       }

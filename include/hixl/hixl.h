@@ -193,6 +193,10 @@ inline constexpr const char kTcpLanes[] = "TcpLanes";
 inline constexpr const char kTcpSliceSize[] = "TcpSliceSize";
 // tcp: I/O threads serving all lanes of this engine (1..16, default 2).
 inline constexpr const char kTcpIoThreads[] = "TcpIoThreads";
+// shm: "1" (default) posts notifications to a peer on this host through a
+// ring in memory both processes map (no round trip, ordered after the data);
+// "0" sends them over the control link like every other transport.
+inline constexpr const char kShmNotifyRing[] = "ShmNotifyRing";
 // Milliseconds between heartbeats on every link (10..600000, default 1000).
 inline constexpr const char kHeartbeatIntervalMs[] = "HeartbeatIntervalMs";
 // Heartbeat intervals a peer may stay silent before it is declared dead
@@ -345,10 +349,13 @@ class HIXL_EXPORT Hixl {
   // queued). TIMEOUT: no answer in time (it may still be delivered).
   Status SendNotify(const std::string& remote_engine, const NotifyDesc& notify,
                     int32_t timeout_ms = 1000);
-  // Moves every queued notification (oldest first) to the end of notifies.
+  // Moves every queued notification to the end of notifies: each sender's in
+  // the order it posted them (oldest first); different senders' may come
+  // grouped by sender rather than interleaved by arrival time.
   Status GetNotifies(std::vector<NotifyDesc>& notifies);
   // With a callback set, notifications go to it (one engine thread calls it,
-  // in arrival order) instead of the queue; nullptr goes back to the queue.
+  // each sender's in order) instead of the queue; nullptr goes back to the
+  // queue.
   // The callback must not call Finalize.
   using NotifyCallback = std::function<void(const NotifyDesc&)>;
   Status SetNotifyCallback(NotifyCallback callback);

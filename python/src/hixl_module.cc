@@ -373,6 +373,7 @@ PYBIND11_MODULE(_hixl, m) {
   o.attr("TCP_LANES") = hixl::options::kTcpLanes;
   o.attr("TCP_SLICE_SIZE") = hixl::options::kTcpSliceSize;
   o.attr("TCP_IO_THREADS") = hixl::options::kTcpIoThreads;
+  o.attr("SHM_NOTIFY_RING") = hixl::options::kShmNotifyRing;
   o.attr("HEARTBEAT_INTERVAL_MS") = hixl::options::kHeartbeatIntervalMs;
   o.attr("HEARTBEAT_MISSES") = hixl::options::kHeartbeatMisses;
   o.attr("AUTO_CONNECT") = hixl::options::kAutoConnect;
@@ -626,7 +627,8 @@ PYBIND11_MODULE(_hixl, m) {
             for (const auto& d : got) out.append(ToPy(d));
             return out;
           },
-          "Takes every queued notification, oldest first: a list of NotifyDesc(name, msg, sender).")
+          "Takes every queued notification: a list of NotifyDesc(name, msg, sender), each\n"
+          "sender's oldest first (different senders' may come grouped by sender).")
       .def(
           "set_notify_callback",
           [](hixl::Hixl& h, py::object cb) {
@@ -641,7 +643,7 @@ PYBIND11_MODULE(_hixl, m) {
           },
           "callback"_a,
           "callback(NotifyDesc) gets every notification from now on, called from an engine\n"
-          "thread in arrival order (exceptions are printed, not raised); None: back to\n"
+          "thread, each sender's in order (exceptions are printed, not raised); None: back to\n"
           "get_notifies. The callback must not call finalize.");
 
   py::class_<Endpoint>(m, "Endpoint", "The C API engine behind hixl.Context (internal).")

@@ -222,6 +222,8 @@ void Hixl::Impl::SendWelcome(Conn& c, const control::Hello& h) {
   c.hb_ms = LinkHeartbeatMs(h.hb_ms);
   TightenTick(c.hb_ms);
   for (const auto& r : regions_.Snapshot()) w.regions.push_back(ToDesc(r));
+  // Open before any transport can attach a ring to it.
+  inbox_.OpenConn(c.id, h.engine);
   for (auto& t : transports_) {
     wire::Msg info;
     t->DescribeForPeer(c.id, c.authenticated ? &c.link_key : nullptr, info);
@@ -329,20 +331,9 @@ Status Hixl::Impl::HandleNotify(Conn& c, const wire::Msg& m) {
   d.from = c.peer_name;
   uint32_t code = 0;
   std::string why;
-  {
-    std::lock_guard<std::mutex> lock(notify_mu_);
-    size_t& n = notify_counts_[c.id];
-    if (n >= opts_.notify_depth) {
-      code = static_cast<uint32_t>(StatusCode::kResourceExhausted);
-      why = "its notification queue for " + d.from + " is full (" +
-            std::to_string(opts_.notify_depth) + " waiting; NotifyQueueDepth)";
-    } else {
-      ++n;
-      notify_q_.emplace_back(c.id, std::move(d));
-      notify_pushed_.fetch_add(1, std::memory_order_release);
-    }
+  if (!inbox_.Push(c.id, std::move(d), why)) {
+    code = static_cast<uint32_t>(StatusCode::kResourceExhausted);
   }
-  if (code == 0) notify_cv_.notify_all();
   Send(c, control::EncodeNotifyAck(seq, code, why));
   return Status::Ok();
 }
@@ -447,7 +438,8 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
                    << (c->peer_name.empty() ? "(before handshake)" : c->peer_name) << ": " << why;
   }
   if (c->accepted) {
-    for (auto& t : transports_) t->ForgetPeer(id);
+    for (auto& t : transports_) t->ForgetPeer(id);  // no ring is attached to it after this
+    inbox_.CloseConn(id);                           // what its ring holds is still delivered
     std::lock_guard<std::mutex> lock(dereg_mu_);
     for (auto& [seq, w] : dereg_waits_) w.waiting.erase(id);
     dereg_cv_.notify_all();

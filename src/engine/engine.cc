@@ -45,6 +45,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   if (Status s = net::ParseHostPort(local_engine, hp); !s.ok()) return s;
 
   opts_ = o;
+  if (Status s = inbox_.Start(opts_.notify_depth, opts_.poll_spin_us); !s.ok()) return s;
   generation_ = host::RandomU64();
   listening_ = hp.port >= 0;
   if (listening_) {
@@ -67,6 +68,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.hb_bound_ms = opts_.hb_interval_ms * opts_.hb_misses;
   ctx.hb_interval_ms = opts_.hb_interval_ms;
   ctx.settings = opts_.transport_settings;
+  ctx.notify_sink = &inbox_;
   unavailable_.clear();
   for (const auto& e : transport::TransportRegistry::Global().Entries()) {
     auto t = e.factory(ctx);
@@ -89,7 +91,6 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
     return ns;
   }
   idle_tick_ms_ = std::clamp(opts_.hb_interval_ms / 4, 5, kIdleTickMs);
-  notify_stop_ = false;
   loop_.SetTicker([this] { OnTick(); }, idle_tick_ms_);
   loop_.SetSpin(std::chrono::microseconds(opts_.poll_spin_us));
   Status s = loop_.Start("hixl-ctrl");
@@ -155,17 +156,7 @@ void Hixl::Impl::Finalize() {
   FailPendingNotifies(nullptr, Status::Failed("engine was finalized"));
   conns_.clear();
   revokes_.clear();
-  {
-    NotifyCallback old;  // destroyed after the lock is released
-    std::lock_guard<std::mutex> lock(notify_mu_);
-    notify_stop_ = true;
-    notify_q_.clear();
-    notify_counts_.clear();
-    old = std::move(notify_cb_);
-    notify_cb_ = nullptr;
-  }
-  notify_cv_.notify_all();
-  if (notify_thread_.joinable()) notify_thread_.join();
+  inbox_.Stop();
   for (auto& t : transports_) t->Stop();
   transports_.clear();
   listen_fd_.Reset();
@@ -636,13 +627,36 @@ Status Hixl::Impl::SendNotify(const std::string& remote, const NotifyDesc& notif
 
 void Hixl::Impl::PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d,
                             net::Deadline deadline, std::function<void(Status)> done) {
+  // The channel's own path first (shm: straight into the target's ring), as
+  // long as no frame of this link is unanswered: a record must not overtake
+  // a notification sent before it.
+  if (peer->ctl_notifies.load(std::memory_order_acquire) == 0 &&
+      peer->alive.load(std::memory_order_acquire)) {
+    switch (peer->channel->TryNotify(d.name, d.notify_msg)) {
+      case transport::NotifyPath::kPosted: done(Status::Ok()); return;
+      case transport::NotifyPath::kClosed:
+        done(Status::NotConnected("link to " + peer->name + " is closing"));
+        return;
+      case transport::NotifyPath::kMaybe:
+        done(Status::NotConnected("link to " + peer->name +
+                                  " closed while the notification was posted (it may have been "
+                                  "delivered)"));
+        return;
+      case transport::NotifyPath::kUnavailable: break;
+    }
+  }
   // Sent from this thread: the frame goes out now, not after a wake-up of the
   // control thread. The answer (nack) is matched on the control thread.
   std::shared_ptr<Tx> tx = peer->tx;
   const uint64_t seq = next_notify_seq_.fetch_add(1, std::memory_order_relaxed);
+  peer->ctl_notifies.fetch_add(1, std::memory_order_acq_rel);
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
-    pending_notifies_[seq] = PendingNotify{tx, deadline, std::move(done)};
+    pending_notifies_[seq] =
+        PendingNotify{tx, deadline, [peer, done = std::move(done)](Status s) {
+                        peer->ctl_notifies.fetch_sub(1, std::memory_order_acq_rel);
+                        done(std::move(s));
+                      }};
   }
   bool sent = tx && peer->alive.load(std::memory_order_acquire) &&
               SendFrame(*tx, wire::EncodeFrame(control::EncodeNotify(seq, d.name, d.notify_msg)));
@@ -712,54 +726,14 @@ void Hixl::Impl::FailPendingNotifies(const Tx* tx, const Status& why) {
 
 Status Hixl::Impl::GetNotifies(std::vector<NotifyDesc>& out) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(notify_mu_);
-  while (!notify_q_.empty()) {
-    out.push_back(std::move(notify_q_.front().second));
-    notify_q_.pop_front();
-  }
-  notify_counts_.clear();
+  inbox_.TakeAll(out);
   return Status::Ok();
 }
 
 Status Hixl::Impl::SetNotifyCallback(NotifyCallback cb) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
-  NotifyCallback old;  // destroyed after the lock is released (it may need locks of its own)
-  {
-    std::lock_guard<std::mutex> lock(notify_mu_);
-    old = std::move(notify_cb_);
-    notify_cb_ = std::move(cb);
-    if (notify_cb_ && !notify_thread_.joinable())
-      notify_thread_ = std::thread([this] { NotifyThread(); });
-  }
-  notify_cv_.notify_all();
+  inbox_.SetCallback(std::move(cb));
   return Status::Ok();
-}
-
-void Hixl::Impl::NotifyThread() {
-  std::unique_lock<std::mutex> lock(notify_mu_);
-  for (;;) {
-    notify_cv_.wait(lock, [this] { return notify_stop_ || (notify_cb_ && !notify_q_.empty()); });
-    if (notify_stop_) return;
-    auto [conn, d] = std::move(notify_q_.front());
-    notify_q_.pop_front();
-    auto c = notify_counts_.find(conn);
-    if (c != notify_counts_.end() && --c->second == 0) notify_counts_.erase(c);
-    NotifyCallback cb = notify_cb_;
-    const bool drained = notify_q_.empty();
-    const uint64_t seen = notify_pushed_.load(std::memory_order_acquire);
-    lock.unlock();
-    cb(d);
-    cb = nullptr;  // released before the lock is taken again
-    // Notifications tend to come in runs: with none left, poll briefly for
-    // the next one rather than sleep and be woken (bounded by PollSpinUs).
-    if (drained) {
-      const auto until = net::Clock::now() + std::chrono::microseconds(opts_.poll_spin_us);
-      while (notify_pushed_.load(std::memory_order_acquire) == seen && net::Clock::now() < until) {
-        std::this_thread::yield();
-      }
-    }
-    lock.lock();
-  }
 }
 
 }  // namespace hixl

@@ -30,6 +30,7 @@
 #include "common/wire.h"
 #include "control/protocol.h"
 #include "engine/naming.h"
+#include "engine/notify_inbox.h"
 #include "engine/options.h"
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
@@ -103,6 +104,7 @@ class Hixl::Impl {
     std::shared_ptr<Tx> tx;             // its control connection's sending half (set before use)
     std::atomic<int> active{0};         // transfers and notifications in flight
     std::atomic<int64_t> last_used{0};  // logical use time, for least-recently-used eviction
+    std::atomic<int> ctl_notifies{0};   // notifications sent on the control link, unanswered
   };
   // Releases Peer::active when the last copy goes (held by a transfer).
   static std::shared_ptr<const void> ActiveToken(const std::shared_ptr<Peer>& p);
@@ -183,7 +185,6 @@ class Hixl::Impl {
   // Sends a notification over peer's control link; done runs exactly once.
   void PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc& d, net::Deadline deadline,
                   std::function<void(Status)> done);
-  void NotifyThread();
   // The initiator's side of the handshake; *link_key is set when the link
   // authenticated (AuthSecret).
   Status Handshake(const net::HostPort& to, net::Deadline deadline, net::Fd& fd,
@@ -280,16 +281,7 @@ class Hixl::Impl {
   int idle_tick_ms_ = 50;
 
   // Received notifications.
-  std::mutex notify_mu_;
-  std::condition_variable notify_cv_;
-  std::deque<std::pair<uint64_t, NotifyDesc>> notify_q_;  // (sender's connection, notification)
-  // Bumped (after the push) for every queued notification: lets the callback
-  // thread poll briefly for the next one instead of sleeping (PollSpinUs).
-  std::atomic<uint64_t> notify_pushed_{0};
-  std::unordered_map<uint64_t, size_t> notify_counts_;    // queued per sender connection
-  NotifyCallback notify_cb_;
-  bool notify_stop_ = false;
-  std::thread notify_thread_;
+  engine::NotifyInbox inbox_;
 
   mutable std::mutex connect_mu_;
   std::unordered_map<std::string, ConnectAttempt> attempts_;

@@ -13,7 +13,7 @@ namespace hixl::transport {
 TransportRegistry& TransportRegistry::Global() {
   static TransportRegistry* reg = [] {
     auto* r = new TransportRegistry();
-    r->Register({"shm", LinkType::SHM, 10, &shm::MakeShmTransport});
+    r->Register({"shm", LinkType::SHM, 10, &shm::MakeShmTransport, shm::ShmOptions()});
     r->Register({"tcp", LinkType::TCP, 20, &tcp::MakeTcpTransport, tcp::TcpOptions()});
 #ifdef HIXL_HAVE_UCX
     r->Register({"ucx", LinkType::UCX, 15, &ucx::MakeUcxTransport, ucx::UcxOptions()});

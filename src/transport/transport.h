@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "auth/auth.h"
@@ -26,9 +27,30 @@
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
 #include "memory/remote_regions.h"
+#include "transport/notify_ring.h"
 #include "transport/transfer.h"
 
 namespace hixl::transport {
+
+// Target side: where notifications that a transport carries by itself land
+// (the engine's inbox). Implemented by the engine; may be called from any
+// thread of the transport.
+class NotifySink {
+ public:
+  virtual ~NotifySink() = default;
+  // Takes the receiving end of a ring the initiator of accepted link conn_id
+  // will post into. False when that link is not (or no longer) open: the
+  // ring is dropped and must not be handed out.
+  virtual bool AttachRing(uint64_t conn_id, std::unique_ptr<NotifyRing> ring) = 0;
+};
+
+// What Channel::TryNotify did with a notification.
+enum class NotifyPath {
+  kPosted,       // it is in the target's queue
+  kUnavailable,  // no path of the channel's own now: send it over the control link
+  kClosed,       // the target closed the path: its link is closing
+  kMaybe,        // the target closed the path while it was posted: it may or may not have it
+};
 
 // What the engine learned about a peer in the handshake.
 struct PeerInfo {
@@ -84,6 +106,9 @@ struct TransportContext {
   // Values of every transport's own options (TransportOption), defaults
   // filled in; keyed by option name.
   std::map<std::string, int64_t> settings;
+  // Target side: receives notifications a transport carries itself (null:
+  // the transport offers no such path).
+  NotifySink* notify_sink = nullptr;
   // The value of option key (its declared default when absent).
   int64_t Setting(const char* key) const;
 };
@@ -113,6 +138,15 @@ class Channel {
   // Called by the engine's control loop every tick: lets the transport end
   // what a stop left waiting (e.g. answers that never come).
   virtual void Poll() {}
+  // Posts a notification into the target's queue by the channel's own path
+  // (shm: a ring both processes map), ordered after every transfer of this
+  // channel that ended before the call. The engine falls back to the control
+  // link on kUnavailable and keeps per-link order between the two paths.
+  virtual NotifyPath TryNotify(std::string_view name, std::string_view msg) {
+    (void)name;
+    (void)msg;
+    return NotifyPath::kUnavailable;
+  }
 };
 
 class Transport {

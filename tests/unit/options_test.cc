@@ -24,22 +24,37 @@ TEST(Options, EveryPublicKeyIsKnownOnce) {
   const auto& keys = engine::OptionKeys();
   std::set<std::string> unique(keys.begin(), keys.end());
   EXPECT_EQ(unique.size(), keys.size());
-  for (const char* k :
-       {options::kLinkType, options::kCopyThreads, options::kEnableUseFabricMem,
-        options::kDeregisterTimeoutMs, options::kHandshakeTimeoutMs, options::kTcpLanes,
-        options::kTcpSliceSize, options::kTcpIoThreads, options::kHeartbeatIntervalMs,
-        options::kHeartbeatMisses, options::kAutoConnect, options::kConnectTimeoutMs,
-        options::kMaxPeers, options::kPeersLowWater, options::kNotifyQueueDepth,
-        options::kAuthSecret, options::kAuthSecretFile, options::kAuthRequired,
-        options::kMetadataServer, options::kMetadataPrefix, options::kEngineName,
-        options::kMetadataTtlS, options::kPollSpinUs}) {
+  for (const char* k : {options::kLinkType,
+                        options::kCopyThreads,
+                        options::kEnableUseFabricMem,
+                        options::kDeregisterTimeoutMs,
+                        options::kHandshakeTimeoutMs,
+                        options::kTcpLanes,
+                        options::kTcpSliceSize,
+                        options::kTcpIoThreads,
+                        options::kHeartbeatIntervalMs,
+                        options::kHeartbeatMisses,
+                        options::kAutoConnect,
+                        options::kConnectTimeoutMs,
+                        options::kMaxPeers,
+                        options::kPeersLowWater,
+                        options::kNotifyQueueDepth,
+                        options::kAuthSecret,
+                        options::kAuthSecretFile,
+                        options::kAuthRequired,
+                        options::kMetadataServer,
+                        options::kMetadataPrefix,
+                        options::kEngineName,
+                        options::kMetadataTtlS,
+                        options::kPollSpinUs,
+                        options::kShmNotifyRing}) {
     EXPECT_EQ(unique.count(k), 1u) << k;
   }
 #ifdef HIXL_HAVE_UCX
   EXPECT_EQ(unique.count(options::kUcxErrorHandling), 1u);
-  EXPECT_EQ(keys.size(), 24u) << "a key was added: list it above too";
+  EXPECT_EQ(keys.size(), 25u) << "a key was added: list it above too";
 #else
-  EXPECT_EQ(keys.size(), 23u) << "a key was added: list it above too";
+  EXPECT_EQ(keys.size(), 24u) << "a key was added: list it above too";
 #endif
 }
 

@@ -178,9 +178,17 @@ int RunNotify(const Options& o) {
       {reinterpret_cast<uintptr_t>(local.data()), target.addr, 4 * KiB}};
   for (int i = 0; i < 200; ++i)
     Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "warm-up");
-  child.WriteLine("watch " + std::to_string(n));
+  child.WriteLine((o.notify_poll ? "watchpoll " : "watch ") + std::to_string(n));
+  // The target's callback is in place before the first notification.
+  if (const std::string ready = child.ReadLine(kReplyTimeoutMs); ready != "READY")
+    Fail("target: " + ready);
   std::vector<double> plain_us, sync_us;
   for (uint64_t i = 0; i < n; ++i) {
+    if (o.notify_gap_us > 0) {
+      const auto until = Clock::now() + std::chrono::microseconds(o.notify_gap_us);
+      while (Clock::now() < until) {
+      }
+    }
     auto a = Clock::now();
     Check(engine.TransferSync(target.engine, hixl::TransferOp::WRITE, descs), "TransferSync");
     plain_us.push_back(Seconds(a, Clock::now()) * 1e6);
@@ -200,10 +208,12 @@ int RunNotify(const Options& o) {
   std::sort(plain_us.begin(), plain_us.end());
   std::sort(sync_us.begin(), sync_us.end());
   std::printf("{\"mode\":\"notify\",\"transport\":\"%s\",\"iters\":%" PRIu64
+              ",\"target\":\"%s\",\"gap_us\":%" PRIu64
               ",\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,\"sync_notify_p50_us\":%.2f,"
               "\"sync_notify_p99_us\":%.2f,\"write_p50_us\":%.2f,\"write_p99_us\":%.2f}\n",
-              o.transport.c_str(), n, seen_p50, seen_p99, Percentile(sync_us, 0.5),
-              Percentile(sync_us, 0.99), Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+              o.transport.c_str(), n, o.notify_poll ? "poll" : "callback", o.notify_gap_us,
+              seen_p50, seen_p99, Percentile(sync_us, 0.5), Percentile(sync_us, 0.99),
+              Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
   if (o.table) {
     std::fprintf(stderr, "%s: notification seen after post  p50 %8.2f us  p99 %8.2f us\n",
                  o.transport.c_str(), seen_p50, seen_p99);

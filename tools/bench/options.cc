@@ -41,6 +41,11 @@ void Usage() {
       "                              DeregisterMem of 1 GiB (200 each) instead of transfers\n"
       "  --notify                    latency of a notification attached to a 4 KiB WRITE,\n"
       "                              post to seen by the target, beside the plain WRITE\n"
+      "  --notify-gap-us U           --notify: the initiator waits U us after each pair of\n"
+      "                              WRITEs (default 0: back to back; past PollSpinUs the\n"
+      "                              target's callback thread sleeps between notifications)\n"
+      "  --notify-poll               --notify: the target polls GetNotifies in a loop instead\n"
+      "                              of waiting in a notification callback\n"
       "  --failover                  time from kill -9 / SIGSTOP of the target to FAILED\n"
       "  --many N,M,...              many-to-one: N initiator processes, started together, each\n"
       "                              moving its own slice of ONE target's region; aggregate and\n"
@@ -159,6 +164,10 @@ Options ParseArgs(int argc, char** argv) {
       o.control = true;
     else if (a == "--notify")
       o.notify = true;
+    else if (a == "--notify-poll")
+      o.notify_poll = true;
+    else if (a == "--notify-gap-us")
+      o.notify_gap_us = ParseCount(value(), 0, 1000000);
     else if (a == "--failover")
       o.failover = true;
     else if (a == "--many") {

@@ -28,6 +28,8 @@ struct Options {
   bool sweep = false;     // with --latency: run the bandwidth sweep as well
   bool control = false;   // --control: Connect and RegisterMem timings instead
   bool notify = false;    // --notify: notification latency after a 4 KiB write
+  uint64_t notify_gap_us = 0;  // --notify-gap-us: idle time between two notifications
+  bool notify_poll = false;    // --notify-poll: the target polls GetNotifies
   bool failover = false;  // --failover: time from a peer's death or hang to FAILED
   bool table = false;
   bool cma = true;       // shm rows: the bare process_vm_writev/readv leg

@@ -232,6 +232,19 @@ class Region {
   hixl::MemHandle handle_ = 0;
 };
 
+// Answers a watch: "OK <p50 us> <p99 us>" of the notifications seen, or an
+// error when fewer than n came.
+void ReportSeen(std::vector<double>& us, uint64_t n) {
+  if (us.size() < n) {
+    std::printf("ERR got %zu of %" PRIu64 " notifications\n", us.size(), n);
+  } else {
+    std::sort(us.begin(), us.end());
+    std::printf("OK %.2f %.2f\n", us[us.size() / 2],
+                us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int Serve(const Options& o) {
@@ -252,6 +265,25 @@ int Serve(const Options& o) {
     uint64_t seed = 0, n = 0, off = 0;
     in >> cmd;
     if (cmd == "quit") break;
+    if (cmd == "watchpoll" && (in >> n) && n > 0) {
+      // The application polls GetNotifies in a loop (as an inference
+      // engine's scheduler step would), for 120 s at most.
+      std::vector<double> us;
+      us.reserve(n);
+      std::vector<hixl::NotifyDesc> got;
+      std::printf("READY\n");
+      std::fflush(stdout);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (us.size() < n && std::chrono::steady_clock::now() < until) {
+        got.clear();
+        Check(engine.GetNotifies(got), "target GetNotifies");
+        const int64_t now = NowNs();
+        for (const auto& d : got)
+          us.push_back(static_cast<double>(now - std::stoll(d.notify_msg)) / 1e3);
+      }
+      ReportSeen(us, n);
+      continue;
+    }
     if (cmd == "watch" && (in >> n) && n > 0) {
       // The application waits for notifications in the callback (as one
       // that has other work would); a thread spinning on GetNotifies would
@@ -270,6 +302,8 @@ int Serve(const Options& o) {
         if (seen->us.size() >= n) seen->cv.notify_all();
       }),
             "target SetNotifyCallback");
+      std::printf("READY\n");
+      std::fflush(stdout);
       std::vector<double> us;
       {
         std::unique_lock<std::mutex> lock(seen->mu);
@@ -277,14 +311,7 @@ int Serve(const Options& o) {
         us = seen->us;
       }
       Check(engine.SetNotifyCallback(nullptr), "target SetNotifyCallback(null)");
-      if (us.size() < n) {
-        std::printf("ERR got %zu of %" PRIu64 " notifications\n", us.size(), n);
-      } else {
-        std::sort(us.begin(), us.end());
-        std::printf("OK %.2f %.2f\n", us[us.size() / 2],
-                    us[std::min(us.size() - 1, us.size() * 99 / 100)]);
-      }
-      std::fflush(stdout);
+      ReportSeen(us, n);
       continue;
     }
     if ((cmd == "fill" || cmd == "check") && (in >> seed >> n) && n <= len) {

@@ -42,6 +42,30 @@ auth::Tag ShmRequestTag(const auth::Key& key, uint64_t token, uint64_t id) {
                     std::string_view(reinterpret_cast<const char*>(b), sizeof(b)));
 }
 
+// The id a ring request's tag covers (no region has it).
+constexpr uint64_t kRingRequestId = UINT64_MAX;
+
+// Reads one reply frame from a Unix socket, with the descriptor the target
+// attached (if any).
+Status ReadReply(int sock, wire::Msg& reply, net::Fd& fd, net::Deadline d) {
+  uint8_t hdr[wire::kFrameHeaderSize];
+  uint32_t len = 0;
+  Status s = net::RecvWithFd(sock, hdr, sizeof(hdr), &fd, d);
+  if (s.ok()) s = wire::DecodeFrameHeader(hdr, len);
+  if (s.ok() && len > 4096) s = Status::ParamInvalid("reply too large");
+  std::vector<uint8_t> body(len);
+  if (s.ok()) s = net::RecvWithFd(sock, body.data(), len, &fd, d);
+  if (s.ok()) s = wire::DecodeBody(body.data(), body.size(), reply);
+  return s;
+}
+
+// Sends one request and reads its reply.
+Status Ask(int sock, const wire::Msg& req, wire::Msg& reply, net::Fd& fd, net::Deadline d) {
+  auto frame = wire::EncodeFrame(req);
+  if (Status s = net::WriteFull(sock, frame.data(), frame.size(), d); !s.ok()) return s;
+  return ReadReply(sock, reply, fd, d);
+}
+
 // ---- target side: serves memfds to peers holding a token -------------------
 
 class ShmTransport final : public Transport {
@@ -110,7 +134,9 @@ class ShmTransport final : public Transport {
 
  private:
   void Serve();
-  void HandleRequest(int fd);
+  // Answers getring: a new ring for link conn_id, attached to the engine's
+  // inbox, and its doorbell. False: drop the client.
+  bool ServeRing(int sock, uint64_t conn_id);
 
   TransportContext ctx_;
   const uint64_t probe_value_;  // peers read it by cross-memory attach to prove CMA works
@@ -126,6 +152,34 @@ class ShmTransport final : public Transport {
   };
   std::unordered_map<uint64_t, TokenInfo> tokens_;
 };
+
+bool ShmTransport::ServeRing(int sock, uint64_t conn_id) {
+  // Two answers: the ring's memfd, then its doorbell's sending end.
+  wire::Msg reply = wire::Msg::object();
+  net::Fd ring_fd, bell_fd;
+  Status s = ctx_.notify_sink != nullptr
+                 ? Status::Ok()
+                 : Status::Unsupported("this engine takes no notifications by ring");
+  std::unique_ptr<NotifyRing> ring;
+  if (s.ok()) s = NotifyRing::Create(NotifyRing::kDefaultDataBytes, 0, ring, ring_fd, bell_fd);
+  // One ring per link: a second request is refused by AttachRing.
+  if (s.ok() && !ctx_.notify_sink->AttachRing(conn_id, std::move(ring))) {
+    s = Status::Failed("the link has a ring already, or is closing");
+  }
+  const auto d = net::DeadlineAfterMs(kUdsRequestMs);
+  if (!s.ok()) {
+    reply["t"] = "err";
+    reply["reason"] = s.message();
+    auto frame = wire::EncodeFrame(reply);
+    return net::SendWithFd(sock, frame.data(), frame.size(), -1, d).ok();
+  }
+  reply["t"] = "ring";
+  auto frame = wire::EncodeFrame(reply);
+  if (!net::SendWithFd(sock, frame.data(), frame.size(), ring_fd.get(), d).ok()) return false;
+  reply["t"] = "bell";
+  frame = wire::EncodeFrame(reply);
+  return net::SendWithFd(sock, frame.data(), frame.size(), bell_fd.get(), d).ok();
+}
 
 void ShmTransport::Serve() {
   std::vector<net::Fd> conns;
@@ -170,17 +224,20 @@ void ShmTransport::Serve() {
           }
           continue;
         }
-        uint64_t token = 0, id = 0;
+        uint64_t token = 0, id = 0, conn_id = 0;
         std::string type;
         wire::GetStr(req, "t", type, 16);
         wire::Msg reply = wire::Msg::object();
         memory::SharedPart part;
         bool token_ok = false;
-        if (type == "getfd" && wire::GetU64(req, "token", token) && wire::GetU64(req, "id", id)) {
+        const bool ring_req = type == "getring";
+        if ((type == "getfd" || ring_req) && wire::GetU64(req, "token", token) &&
+            wire::GetU64(req, "id", id) && (!ring_req || id == kRingRequestId)) {
           std::lock_guard<std::mutex> lock(mu_);
           auto it = tokens_.find(token);
           if (it != tokens_.end()) {
             token_ok = true;
+            conn_id = it->second.conn_id;
             if (it->second.keyed) {
               // An authenticated link: the token alone (seen in the welcome)
               // is not enough, the request must be tagged with the link key.
@@ -196,6 +253,11 @@ void ShmTransport::Serve() {
         if (!token_ok) {
           HIXL_LOG(WARN) << "shm: unix-socket request without a valid token refused";
           continue;  // close: this client never completed a handshake
+        }
+        if (ring_req) {
+          if (!ServeRing(conns[i].get(), conn_id)) continue;
+          keep.push_back(std::move(conns[i]));
+          continue;
         }
         part = ctx_.regions->DupShared(id);
         if (part.fd < 0) {
@@ -243,6 +305,26 @@ class ShmChannel final : public Channel {
     cma_ok_ = ok;
     cma_error_ = std::move(why);
   }
+  // Asks the target for a notification ring and its doorbell (on a socket
+  // of its own, so a target that refuses leaves the region socket alone).
+  Status OpenRing(const std::string& uds, net::Deadline deadline);
+
+  NotifyPath TryNotify(std::string_view name, std::string_view msg) override {
+    if (!ring_ || closed_.load(std::memory_order_acquire)) return NotifyPath::kUnavailable;
+    switch (ring_->Push(name, msg)) {
+      case NotifyRing::PushResult::kPosted: return NotifyPath::kPosted;
+      case NotifyRing::PushResult::kClosed: return NotifyPath::kClosed;
+      case NotifyRing::PushResult::kRaced: return NotifyPath::kMaybe;
+      case NotifyRing::PushResult::kBroken:
+        if (!ring_broken_.exchange(true)) {
+          HIXL_LOG(WARN) << "shm: the notification ring of " << engine_
+                         << " is inconsistent; notifications go over the control link";
+        }
+        return NotifyPath::kUnavailable;
+      case NotifyRing::PushResult::kFull: break;
+    }
+    return NotifyPath::kUnavailable;
+  }
 
   Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) override;
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
@@ -278,7 +360,40 @@ class ShmChannel final : public Channel {
   bool cma_ok_ = false;
   std::string cma_error_;
   std::atomic<bool> closed_{false};
+  std::unique_ptr<NotifyRing> ring_;  // set in Connect, before the channel is shared
+  std::atomic<bool> ring_broken_{false};
 };
+
+Status ShmChannel::OpenRing(const std::string& uds, net::Deadline deadline) {
+  net::Fd sock;
+  if (Status s = net::UnixConnect(uds, deadline, sock); !s.ok()) return s;
+  wire::Msg req = wire::Msg::object();
+  req["t"] = "getring";
+  req["token"] = token_;
+  req["id"] = kRingRequestId;
+  if (keyed_) {
+    const auth::Tag tag = ShmRequestTag(key_, token_, kRingRequestId);
+    req["tag"] = auth::Hex(tag.data(), tag.size());
+  }
+  auto frame = wire::EncodeFrame(req);
+  if (Status s = net::WriteFull(sock.get(), frame.data(), frame.size(), deadline); !s.ok()) {
+    return s;
+  }
+  // Two answers: the ring, then its doorbell.
+  net::Fd fds[2];
+  for (int k = 0; k < 2; ++k) {
+    wire::Msg reply;
+    if (Status s = ReadReply(sock.get(), reply, fds[k], deadline); !s.ok()) return s;
+    std::string type, reason;
+    wire::GetStr(reply, "t", type, 16);
+    if (type != (k == 0 ? "ring" : "bell") || !fds[k].valid()) {
+      wire::GetStr(reply, "reason", reason);
+      return Status::Unsupported("the peer offers no notification ring" +
+                                 (reason.empty() ? "" : ": " + reason));
+    }
+  }
+  return NotifyRing::Attach(std::move(fds[0]), std::move(fds[1]), ring_);
+}
 
 Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
                              std::unique_ptr<Channel>& out) {
@@ -315,6 +430,12 @@ Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
     HIXL_LOG(INFO) << msg;
     ch->SetCma(false, msg);
   }
+  if (ctx_.Setting(options::kShmNotifyRing) != 0) {
+    if (Status s = ch->OpenRing(uds, deadline); !s.ok()) {
+      HIXL_LOG(INFO) << "shm: notifications to " << peer.engine
+                     << " go over the control link: " << s.message();
+    }
+  }
   out = std::move(ch);
   return Status::Ok();
 }
@@ -329,26 +450,14 @@ Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg*) {
     const auth::Tag tag = ShmRequestTag(key_, token_, r.id);
     req["tag"] = auth::Hex(tag.data(), tag.size());
   }
-  auto frame = wire::EncodeFrame(req);
-  std::lock_guard<std::mutex> lock(uds_mu_);
-  auto d = net::DeadlineAfterMs(2000);
-  if (Status s = net::WriteFull(uds_.get(), frame.data(), frame.size(), d); !s.ok()) {
-    return Status::Failed("shm: requesting region " + std::to_string(r.id) + " from " + engine_ +
-                          ": " + s.message());
-  }
-  uint8_t hdr[wire::kFrameHeaderSize];
   net::Fd memfd;
-  uint32_t len = 0;
-  Status s = net::RecvWithFd(uds_.get(), hdr, sizeof(hdr), &memfd, d);
-  if (s.ok()) s = wire::DecodeFrameHeader(hdr, len);
-  if (s.ok() && len > 4096) s = Status::ParamInvalid("reply too large");
-  std::vector<uint8_t> body(len);
-  if (s.ok()) s = net::RecvWithFd(uds_.get(), body.data(), len, &memfd, d);
   wire::Msg reply;
-  if (s.ok()) s = wire::DecodeBody(body.data(), body.size(), reply);
-  if (!s.ok()) {
-    return Status::Failed("shm: bad reply for region " + std::to_string(r.id) + " from " + engine_ +
-                          ": " + s.message());
+  {
+    std::lock_guard<std::mutex> lock(uds_mu_);
+    if (Status s = Ask(uds_.get(), req, reply, memfd, net::DeadlineAfterMs(2000)); !s.ok()) {
+      return Status::Failed("shm: requesting region " + std::to_string(r.id) + " from " + engine_ +
+                            ": " + s.message());
+    }
   }
   std::string type;
   wire::GetStr(reply, "t", type, 16);
@@ -551,6 +660,8 @@ void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
 }
 
 }  // namespace
+
+std::vector<TransportOption> ShmOptions() { return {{options::kShmNotifyRing, 0, 1, 1, "0 or 1"}}; }
 
 std::unique_ptr<Transport> MakeShmTransport(const TransportContext& ctx) {
   return std::make_unique<ShmTransport>(ctx);

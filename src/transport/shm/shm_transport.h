@@ -14,12 +14,14 @@
 #define HIXL_TRANSPORT_SHM_SHM_TRANSPORT_H_
 
 #include <memory>
+#include <vector>
 
 #include "transport/transport.h"
 
 namespace hixl::transport::shm {
 
 std::unique_ptr<Transport> MakeShmTransport(const TransportContext& ctx);
+std::vector<TransportOption> ShmOptions();
 
 // Creates a sealed memfd of at least size bytes and maps it (huge pages when
 // the system has them). Used by AllocMem.
