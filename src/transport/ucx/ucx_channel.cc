@@ -4,6 +4,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/log.h"
@@ -38,6 +39,9 @@ struct UcxChannel::Core {
   std::condition_variable cv;
   uint64_t next_op = 1;
   std::unordered_map<uint64_t, Op> ops;
+  // The flush contexts UCX holds (FlushCtx*): freed by their callback, or
+  // after the worker is destroyed if UCX never completes them.
+  std::unordered_set<void*> flushes;
   bool closed = false;
   Status broken;
 
@@ -85,6 +89,10 @@ struct FlushCtx {
 
 void OnFlushed(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<FlushCtx*>(user_data);
+  {
+    std::lock_guard<std::mutex> lock(ctx->core->mu);
+    ctx->core->flushes.erase(ctx);
+  }
   ctx->core->End(ctx->id, status);
   delete ctx;
   ucp_request_free(request);
@@ -239,12 +247,14 @@ void UcxChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
     if (r != nullptr) ucp_request_free(r);  // released when done; the flush waits for it
   }
   uint64_t id = 0;
+  FlushCtx* ctx = nullptr;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     id = c.next_op++;
     c.ops.emplace(id, Core::Op{t, result});
+    ctx = new FlushCtx{core_, id};
+    c.flushes.insert(ctx);
   }
-  auto* ctx = new FlushCtx{core_, id};
   ucp_request_param_t fp{};
   fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   fp.cb.send = &OnFlushed;
@@ -252,6 +262,10 @@ void UcxChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   ucs_status_ptr_t r = ucp_ep_flush_nbx(c.ep, &fp);
   post.unlock();
   if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.flushes.erase(ctx);
+    }
     delete ctx;
     c.End(id, r == nullptr ? UCS_OK : UCS_PTR_STATUS(r));
     return;
@@ -337,6 +351,17 @@ void UcxChannel::Close(net::Deadline drain_until) {
     for (auto& [id, op] : left) {
       op.t->PartDone(Status::Failed("link to " + c.engine + " closed with the transfer unanswered"));
     }
+    // Their flushes may never complete: what UCX still holds of them is
+    // freed once the worker is gone.
+    worker_->AtDestroy([core = core_] {
+      std::vector<void*> left_flushes;
+      {
+        std::lock_guard<std::mutex> l(core->mu);
+        left_flushes.assign(core->flushes.begin(), core->flushes.end());
+        core->flushes.clear();
+      }
+      for (void* f : left_flushes) delete static_cast<FlushCtx*>(f);
+    });
     return;
   }
   // 2. Keys go before their endpoint -- unless operations still use them: a

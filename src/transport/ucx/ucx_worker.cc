@@ -121,10 +121,21 @@ Worker::~Worker() {
     thread_.join();
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  std::vector<std::function<void()>> at_destroy;
+  {
+    std::lock_guard<std::mutex> lock(at_destroy_mu_);
+    at_destroy.swap(at_destroy_);
+  }
+  for (auto& f : at_destroy) f();
   if (context_ != nullptr) ucp_cleanup(context_);
 }
 
 void Worker::Wake() { ucp_worker_signal(worker_); }
+
+void Worker::AtDestroy(std::function<void()> f) {
+  std::lock_guard<std::mutex> lock(at_destroy_mu_);
+  at_destroy_.push_back(std::move(f));
+}
 
 void Worker::Run() {
   pthread_setname_np(pthread_self(), "hixl-ucx");

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,9 @@ class Worker {
   bool has_shared_memory() const { return has_shm_; }
   // Rouses the progress thread (after posting work from another thread).
   void Wake();
+  // Runs f once the UCP worker is destroyed (no UCX callback can run then):
+  // frees what only an operation UCX never completed still refers to.
+  void AtDestroy(std::function<void()> f);
 
  private:
   Worker() = default;
@@ -57,6 +61,8 @@ class Worker {
   std::vector<uint8_t> address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::mutex at_destroy_mu_;
+  std::vector<std::function<void()>> at_destroy_;
 };
 
 // Idle endpoints under error handling NONE, kept for the next link to the
