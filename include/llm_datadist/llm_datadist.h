@@ -280,6 +280,14 @@ inline constexpr const char kTransferBackend[] = "llm.TransferBackend";     // "
 inline constexpr const char kGlobalResourceConfig[] = "llm.GlobalResourceConfig";  // JSON
 // Extension: default lease (ms) of keyed caches whose RegisterCfg has none; 0: none.
 inline constexpr const char kCacheLeaseMs[] = "llm.CacheLeaseMs";
+// Extension, "0" (default) / "1": RegisterKvCache registers the application's
+// tensors with hixl::REGISTER_SHARE_BY_MAPPING, so peers on this host map
+// them and copy with memcpy instead of cross-memory attach. Private memory
+// (malloc, numpy, torch CPU tensors) is moved in place into a sealed memfd —
+// same addresses, contents kept — and moved back by UnregisterKvCache and
+// Finalize; memory that cannot be shared fails the registration saying why
+// (docs/USER_MEMORY.md: fork and madvise semantics, cost per GiB).
+inline constexpr const char kShareCachesByMapping[] = "llm.ShareCachesByMapping";
 }  // namespace options
 
 class HIXL_EXPORT LlmDataDist {

@@ -28,7 +28,8 @@ The LLM-DataDist API::
   cache_manager, cluster_id; extensions: role, local_address.
 * LLMConfig (alias LlmConfig): listen_ip_info, sync_kv_timeout, device_id,
   enable_cache_manager, enable_remote_cache_accessible, transfer_backend,
-  global_resource_config, enable_switch_role, cache_lease_ms ->
+  global_resource_config, enable_switch_role, cache_lease_ms,
+  share_caches_by_mapping ->
   generate_options().
 * LLMClusterInfo: remote_cluster_id, remote_role_type,
   append_local_ip_info(ip, port), append_remote_ip_info(ip, port). An ip is a

@@ -182,7 +182,9 @@ class LLMConfig:
     device_id, enable_switch_role, transfer_backend ("hixl"),
     global_resource_config (dict or JSON string of hixl engine options, e.g.
     {"LinkType": "TCP"}), cache_lease_ms (extension: default lease of keyed
-    caches) and ge_options (a dict of further "llm.*" options, passed as
+    caches), share_caches_by_mapping (extension: register the application's
+    tensors so peers on this host map them; private memory is moved in place
+    into a sealed memfd, see docs/USER_MEMORY.md) and ge_options (a dict of further "llm.*" options, passed as
     given). enable_cache_manager and enable_remote_cache_accessible are
     accepted for ported code: the cache manager is always on and linked peers
     can always reach registered caches. mem_utilization and buf_pool_cfg
@@ -190,7 +192,8 @@ class LLMConfig:
 
     __slots__ = ("listen_ip_info", "sync_kv_timeout", "device_id", "enable_cache_manager",
                  "enable_remote_cache_accessible", "transfer_backend", "global_resource_config",
-                 "enable_switch_role", "cache_lease_ms", "ge_options", "mem_utilization",
+                 "enable_switch_role", "cache_lease_ms", "share_caches_by_mapping",
+                 "ge_options", "mem_utilization",
                  "buf_pool_cfg")
 
     def __init__(self):
@@ -227,6 +230,8 @@ class LLMConfig:
             o[_C.options.GLOBAL_RESOURCE_CONFIG] = g
         if self.cache_lease_ms is not None:
             o[_C.options.CACHE_LEASE_MS] = str(_int(self.cache_lease_ms, "cache_lease_ms", 0, _I64))
+        if self.share_caches_by_mapping is not None:
+            o[_C.options.SHARE_CACHES_BY_MAPPING] = "1" if self.share_caches_by_mapping else "0"
         if self.ge_options is not None:
             if not isinstance(self.ge_options, dict):
                 raise _param("ge_options must be a dict")

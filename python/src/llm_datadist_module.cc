@@ -543,6 +543,7 @@ PYBIND11_MODULE(_llm_datadist, m) {
   o.attr("TRANSFER_BACKEND") = ldd::options::kTransferBackend;
   o.attr("GLOBAL_RESOURCE_CONFIG") = ldd::options::kGlobalResourceConfig;
   o.attr("CACHE_LEASE_MS") = ldd::options::kCacheLeaseMs;
+  o.attr("SHARE_CACHES_BY_MAPPING") = ldd::options::kShareCachesByMapping;
 
   py::class_<HostMemory>(m, "HostMemory", py::buffer_protocol(),
                          "Host memory as a 1-D byte buffer (numpy.asarray(h), memoryview(h)) with "

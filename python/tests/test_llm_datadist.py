@@ -142,12 +142,14 @@ def test_config_enums_and_types():
     cfg.transfer_backend = "hixl"
     cfg.global_resource_config = {"LinkType": "TCP"}
     cfg.cache_lease_ms = 500
+    cfg.share_caches_by_mapping = True
     cfg.enable_cache_manager = True
     cfg.enable_remote_cache_accessible = True
     assert cfg.generate_options() == {
         "llm.ListenIpInfo": "127.0.0.1:26000", "llm.SyncKvCacheWaitTime": "2000",
         "llm.DeviceId": "0", "llm.EnableSwitchRole": "1", "llm.TransferBackend": "hixl",
-        "llm.GlobalResourceConfig": '{"LinkType": "TCP"}', "llm.CacheLeaseMs": "500"}
+        "llm.GlobalResourceConfig": '{"LinkType": "TCP"}', "llm.CacheLeaseMs": "500",
+        "llm.ShareCachesByMapping": "1"}
     with pytest.raises(AttributeError):
         cfg.no_such_option = 1
     cfg.listen_ip_info = "nonsense"
@@ -205,6 +207,7 @@ def test_host_memory_and_options_accepted():
     cfg.transfer_backend = "hixl"
     cfg.global_resource_config = {"LinkType": "TCP"}
     cfg.cache_lease_ms = 0
+    cfg.share_caches_by_mapping = True
     with ldd.LLMDataDist(ldd.LLMRole.MIX, 40) as dd:
         dd.init(cfg.generate_options())
         assert dd.local_address.startswith("127.0.0.1:") and dd.cluster_id == 40

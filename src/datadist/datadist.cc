@@ -68,7 +68,7 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
   std::string listen;
   int32_t sync_wait = 1000;
   int64_t lease = 0;
-  bool switch_role = false;
+  bool switch_role = false, share_by_mapping = false;
   for (const auto& [k, v] : opts) {
     int64_t n = 0;
     if (k == options::kListenIpInfo) {
@@ -94,6 +94,10 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
     } else if (k == options::kTransferBackend) {
       if (v != "hixl") {
         return ParamInvalid("llm.TransferBackend: \"" + v + "\" is not available (only \"hixl\")");
+      }
+    } else if (k == options::kShareCachesByMapping) {
+      if (!ParseBool(v, share_by_mapping)) {
+        return ParamInvalid("llm.ShareCachesByMapping must be 0 or 1, got \"" + v + "\"");
       }
     } else if (k == options::kCacheLeaseMs) {
       if (!ParseInt(v, 0, int64_t{1} << 40, n)) {
@@ -131,6 +135,7 @@ Status LlmDataDist::Impl::Initialize(const std::map<std::string, std::string>& o
   sync_wait_ms_ = sync_wait;
   default_lease_ms_ = lease;
   switch_role_ = switch_role;
+  share_by_mapping_ = share_by_mapping;
   root_ = PageAlloc(internal::kRootSize);
   if (root_ == nullptr) {
     engine_.Finalize();
@@ -522,8 +527,9 @@ Status LlmDataDist::Impl::Register(const CacheDesc& desc, const std::vector<uint
     auto it = regs_.find(key);
     if (it == regs_.end()) {
       hixl::MemHandle h = 0;
-      hixl::Status s = engine_.RegisterMem({static_cast<uintptr_t>(addrs[i]), len},
-                                           hixl::MemType::MEM_HOST, h, hixl::MEM_PERM_READ_WRITE);
+      hixl::Status s = engine_.RegisterMem(
+          {static_cast<uintptr_t>(addrs[i]), len}, hixl::MemType::MEM_HOST, h,
+          hixl::MEM_PERM_READ_WRITE, share_by_mapping_ ? hixl::REGISTER_SHARE_BY_MAPPING : 0u);
       if (!s.ok()) {
         undo();
         return FromHixl(s, "RegisterKvCache: tensor " + std::to_string(i));

@@ -147,6 +147,7 @@ class LlmDataDist::Impl {
   hixl::Hixl engine_;
   std::atomic<bool> ready_{false};
   bool switch_role_ = false;
+  bool share_by_mapping_ = false;  // llm.ShareCachesByMapping
   bool discovery_ = false;  // the engine has MetadataServer: clusters link by id alone
   static std::string ClusterEngineName(uint64_t cluster_id);
   std::string listen_;

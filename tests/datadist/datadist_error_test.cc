@@ -338,6 +338,8 @@ TEST(DdOptions, BadInitializeOptionsAreParamInvalid) {
       {{ld::options::kGlobalResourceConfig, R"({"LinkType":"CARRIER_PIGEON"})"}},
       {{ld::options::kTransferBackend, "nccl"}},
       {{ld::options::kCacheLeaseMs, "x"}},
+      {{ld::options::kShareCachesByMapping, "yes"}},
+      {{ld::options::kShareCachesByMapping, "2"}},
   };
   for (const auto& opts : bad) {
     ld::LlmDataDist d(1, ld::LlmRole::kPrompt);
@@ -351,6 +353,7 @@ TEST(DdOptions, BadInitializeOptionsAreParamInvalid) {
   LLM_EXPECT_OK(d.Initialize({{ld::options::kDeviceId, "0"},
                               {ld::options::kTransferBackend, "hixl"},
                               {ld::options::kSyncKvCacheWaitTime, "500"},
+                              {ld::options::kShareCachesByMapping, "0"},
                               {ld::options::kListenIpInfo, "127.0.0.1:0"}}));
   EXPECT_NE(hixl_test::PortOf(d.LocalAddress()), 0) << d.LocalAddress();
 }

@@ -2,11 +2,14 @@
 // between a prefill and a decode peer process, over shm and tcp: paged caches
 // with random block tables (runs, scattered blocks, a 10^4-block list), whole
 // caches by batch index, size and request key, layer ranges, and layer-wise
-// TransferCacheAsync with gates. Every moved byte is checked by hashing both
+// TransferCacheAsync with gates, caches shared by mapping
+// (llm.ShareCachesByMapping). Every moved byte is checked by hashing both
 // sides; bytes that must stay untouched are checked against a snapshot.
 #include <gtest/gtest.h>
 
+#include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -230,6 +233,54 @@ TEST_P(DdTransfer, WholeCacheBatchIndexAndSize) {
   DD_EXPECT_OK(p->Xfer("pushc", "kv", "cluster=2" + did + " batch=0 lbatch=3 size=2048"));
   EXPECT_EQ(d->HashEntry("kv", 0, 5, 0, 2048), p->HashEntry("kv", 0, 5, 3, 2048));
   EXPECT_EQ(d->HashRange("kv", 0, 5, 2048, kEntry - 2048), tail);
+}
+
+// Whether [addr, addr+1) of process pid is mapped from one of the engine's
+// memfds for moved application memory ("/memfd:hixl-user" in its maps).
+bool InEngineMemfd(pid_t pid, uint64_t addr) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uint64_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64, &lo, &hi) != 2) continue;
+    if (addr >= lo && addr < hi) return line.find("memfd:hixl-user") != std::string::npos;
+  }
+  return false;
+}
+
+// llm.ShareCachesByMapping=1 on both sides: RegisterKvCache moves the
+// application's (malloc) tensors into the engine's sealed memfds in place;
+// pulls and pushes move exactly the same bytes; UnregisterKvCache moves the
+// pages back with their contents.
+TEST_P(DdTransfer, CachesSharedByMappingMoveTheSameBytesAndGoBack) {
+  PeerSpec spec;
+  spec.extra = {"llm.ShareCachesByMapping=1"};
+  DdPeer* p = Spawn(1, "prompt", spec);
+  ASSERT_NE(p, nullptr);
+  DdPeer* d = Spawn(2, "decoder", spec);
+  ASSERT_NE(d, nullptr);
+  const CacheRef src = p->Cache("kv", 4, "fp16", {8, 64, 64});  // 64 KiB per entry
+  const CacheRef dst = d->Cache("kv", 4, "fp16", {8, 64, 64});
+  ASSERT_GT(src.id, 0);
+  ASSERT_GT(dst.id, 0);
+  for (uint64_t a : src.addrs) EXPECT_TRUE(InEngineMemfd(p->pid(), a)) << a;
+  for (uint64_t a : dst.addrs) EXPECT_TRUE(InEngineMemfd(d->pid(), a)) << a;
+  p->Fill("kv", 21);
+  d->Fill("kv", 22);
+  DD_ASSERT_OK(d->Link(*p));
+  DD_ASSERT_OK(p->Link(*d));
+  const std::string sid = " cache=" + std::to_string(src.id);
+  const std::string did = " cache=" + std::to_string(dst.id);
+  DD_EXPECT_OK(d->Xfer("pullc", "kv", "cluster=1" + sid + " batch=5 lbatch=2"));
+  EXPECT_EQ(d->HashEntry("kv", 0, 3, 2), p->HashEntry("kv", 0, 3, 5));
+  DD_EXPECT_OK(p->Xfer("pushc", "kv", "cluster=2" + did + " batch=7 lbatch=1"));
+  EXPECT_EQ(d->HashEntry("kv", 0, 3, 7), p->HashEntry("kv", 0, 3, 1));
+  const auto before = p->HashTensors("kv");
+  EXPECT_TRUE(p->Cmd("unreg kv").ok);
+  for (uint64_t a : src.addrs) EXPECT_FALSE(InEngineMemfd(p->pid(), a)) << a;
+  EXPECT_EQ(p->HashTensors("kv"), before) << "the moved pages came back with their bytes";
+  EXPECT_EQ(d->Xfer("pullc", "kv", "cluster=1" + sid + " batch=5 lbatch=2").code,
+            "LLM_KV_CACHE_NOT_EXIST");
 }
 
 // Whole caches named by request keys: key i is batch entry i.
