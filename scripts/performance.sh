@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates every table and picture of docs/PERFORMANCE.md on this machine:
 # the engine's bandwidth sweeps (shm, tcp) beside their same-run baselines,
-# many-to-one, the LLM-DataDist KV benchmark, and the demo's runs and
+# many-to-one, registered application memory, the 4 KiB async stream, the
+# notification latencies, the LLM-DataDist KV benchmark, and the demo's runs and
 # per-layer timeline. Results land in docs/figures/ (JSON lines + PNG).
 #   scripts/performance.sh [--quick]    --quick: fewer sizes and repetitions
 set -euo pipefail
@@ -29,6 +30,23 @@ if $b/hixl-bench --help 2>&1 | grep -q -- "--many"; then
   $b/hixl-bench --many 4,8 --verify --table > $out/bench_many_shm.jsonl
   $b/hixl-bench --many 4,8 --transport tcp --verify --table > $out/bench_many_tcp.jsonl
 fi
+echo "== hixl-bench: registered application memory (malloc, sealed memfd, moved in place)"
+$b/hixl-bench --mem all --blocks 4K,64K,1M,16M,128M --threads 1,2 --reps 3 --verify --table \
+  > $out/bench_user_memory.jsonl
+echo "== hixl-bench: 4 KiB async stream beside ucp_put_bw (where ucx_perftest is installed)"
+$b/hixl-bench --stream --mem alloc,malloc,memfd,inplace --table > $out/bench_stream.jsonl
+echo "== hixl-bench: notification latency (shm ring and control link, polling and callback; tcp)"
+: > $out/bench_notify.jsonl
+for ring in 1 0; do
+  for wait in "" --notify-poll; do
+    for gap in 0 50; do
+      $b/hixl-bench --notify $wait --notify-gap-us $gap --iters 3000 --table \
+        --engine-opt ShmNotifyRing=$ring >> $out/bench_notify.jsonl
+    done
+  done
+done
+$b/hixl-bench --notify --transport tcp --table >> $out/bench_notify.jsonl
+$b/hixl-bench --notify --notify-poll --transport tcp --table >> $out/bench_notify.jsonl
 echo "== hixl-kv-bench: LLM-DataDist block pulls/pushes vs the engine's batched transfer"
 $b/hixl-kv-bench --table --verify > $out/kv_shm.jsonl
 $b/hixl-kv-bench --transport tcp --table --verify --reps 3 > $out/kv_tcp.jsonl
