@@ -171,6 +171,19 @@ HIXL_C_EXPORT HixlStatus hixlDisconnect(HixlEngine engine, const char* remote, i
  * handle naming that part. */
 HIXL_C_EXPORT HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size,
                                             uint32_t perms, HixlMemHandle* handle);
+
+/* hixlRegisterMemoryFlags flags (hixl::RegisterFlags in C++). */
+/* Local peers map the memory instead of reaching it by cross-memory attach:
+ * a shared file mapping is mapped as it is (the caller promises not to
+ * truncate it), private memory (malloc) is moved in place into a sealed
+ * memfd -- same addresses, contents kept -- and moved back when its last
+ * handle is unregistered. docs/USER_MEMORY.md. */
+#define HIXL_REGISTER_SHARE_BY_MAPPING 0x1u
+/* hixlRegisterMemory with flags (0, or HIXL_REGISTER_*); memory that cannot
+ * be shared that way is HIXL_PARAM_INVALID, nothing moved. */
+HIXL_C_EXPORT HixlStatus hixlRegisterMemoryFlags(HixlEngine engine, void* addr, size_t size,
+                                                 uint32_t perms, uint32_t flags,
+                                                 HixlMemHandle* handle);
 /* Releases a handle of this engine: a registered region is deregistered (see
  * hixl.h for the guarantee); a deserialized handle is simply released. */
 HIXL_C_EXPORT HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle handle);

@@ -562,6 +562,11 @@ HixlStatus hixlDisconnect(HixlEngine engine, const char* remote, int32_t timeout
 
 HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32_t perms,
                               HixlMemHandle* handle) {
+  return hixlRegisterMemoryFlags(engine, addr, size, perms, 0, handle);
+}
+
+HixlStatus hixlRegisterMemoryFlags(HixlEngine engine, void* addr, size_t size, uint32_t perms,
+                                   uint32_t flags, HixlMemHandle* handle) {
   auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
   if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
   if (addr == nullptr) return Invalid("memory address is NULL");
@@ -571,6 +576,9 @@ HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32
   }
   if (perms == 0 || (perms & ~(HIXL_MEM_PERM_READ | HIXL_MEM_PERM_WRITE)) != 0) {
     return Invalid("perms must be a non-zero combination of HIXL_MEM_PERM_READ/WRITE");
+  }
+  if ((flags & ~HIXL_REGISTER_SHARE_BY_MAPPING) != 0) {
+    return Invalid("flags must be 0 or HIXL_REGISTER_SHARE_BY_MAPPING");
   }
   if (handle == nullptr) return Invalid("handle output pointer is NULL");
   auto m = std::make_unique<HixlMemHandleObj>();
@@ -595,7 +603,9 @@ HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32
     }
   }
   if (!m->alloc_backed) {
-    hixl::Status s = e->engine.RegisterMem({m->addr, size}, hixl::MemType::MEM_HOST, m->cxx, perms);
+    static_assert(HIXL_REGISTER_SHARE_BY_MAPPING == hixl::REGISTER_SHARE_BY_MAPPING);
+    hixl::Status s =
+        e->engine.RegisterMem({m->addr, size}, hixl::MemType::MEM_HOST, m->cxx, perms, flags);
     if (!s.ok()) return FromCxx(s);
   }
   hixl::net::HostPort hp;

@@ -345,6 +345,60 @@ TEST(CApiEngine, ConnectDisconnect) {
   hixlDestroyEngine(a);
 }
 
+// Whether addr lies in one of the engine's memfds for moved application
+// memory ("memfd:hixl-user" in this process's maps).
+bool InEngineMemfd(const void* addr) {
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return false;
+  char line[512];
+  bool found = false;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) != 2 || a < lo || a >= hi) continue;
+    found = std::strstr(line, "memfd:hixl-user") != nullptr;
+    break;
+  }
+  std::fclose(f);
+  return found;
+}
+
+// hixlRegisterMemoryFlags with HIXL_REGISTER_SHARE_BY_MAPPING: malloc memory
+// is moved into an engine memfd in place (contents kept), a peer writes into
+// it, and unregistering moves the pages back with the written bytes.
+TEST(CApiMemory, ShareByMappingMovesPagesInPlaceAndBack) {
+  HixlEngine target = MakeEngine(true), init = MakeEngine(false, "SHM");
+  ASSERT_NE(target, nullptr);
+  ASSERT_NE(init, nullptr);
+  constexpr size_t kSize = 256 * 1024;
+  auto* buf = static_cast<unsigned char*>(std::aligned_alloc(4096, kSize));
+  ASSERT_NE(buf, nullptr);
+  for (size_t i = 0; i < kSize; ++i) buf[i] = static_cast<unsigned char>(i * 7 + 1);
+  HixlMemHandle h = nullptr;
+  EXPECT_ST(HIXL_PARAM_INVALID, hixlRegisterMemoryFlags(target, buf, kSize, 3, 0x2u, &h));
+  EXPECT_ST(HIXL_PARAM_INVALID, hixlRegisterMemoryFlags(target, buf, kSize, 3, ~0u, &h));
+  EXPECT_EQ(h, nullptr);
+  EXPECT_FALSE(InEngineMemfd(buf));
+  ASSERT_ST(HIXL_SUCCESS, hixlRegisterMemoryFlags(target, buf, kSize, HIXL_MEM_PERM_WRITE,
+                                                  HIXL_REGISTER_SHARE_BY_MAPPING, &h));
+  EXPECT_TRUE(InEngineMemfd(buf));
+  EXPECT_TRUE(InEngineMemfd(buf + kSize - 1));
+  EXPECT_EQ(buf[12345], static_cast<unsigned char>(12345 * 7 + 1)) << "contents kept by the move";
+  HixlMemHandle theirs = nullptr;
+  ASSERT_ST(HIXL_SUCCESS, hixlMemHandleDeserialize(init, hixlMemHandleSerialize(h), &theirs));
+  std::vector<unsigned char> src(kSize);
+  for (size_t i = 0; i < kSize; ++i) src[i] = static_cast<unsigned char>(i * 13 + 5);
+  ASSERT_ST(HIXL_SUCCESS, hixlWriteRemote(init, src.data(), kSize, theirs, 0, nullptr));
+  EXPECT_EQ(0, std::memcmp(buf, src.data(), kSize));
+  EXPECT_ST(HIXL_SUCCESS, hixlUnregisterMemory(init, theirs));
+  EXPECT_ST(HIXL_SUCCESS, hixlUnregisterMemory(target, h));
+  EXPECT_FALSE(InEngineMemfd(buf)) << "the pages went back to private memory";
+  EXPECT_EQ(0, std::memcmp(buf, src.data(), kSize)) << "with the bytes the peer wrote";
+  EXPECT_ST(HIXL_SUCCESS, hixlDestroyEngine(init));
+  EXPECT_ST(HIXL_SUCCESS, hixlDestroyEngine(target));
+  std::free(buf);
+}
+
 TEST(CApiMemory, RegisterUnregisterAllocFree) {
   HixlEngine e = MakeEngine(true), other = MakeEngine(true);
   std::vector<char> buf(65536);
