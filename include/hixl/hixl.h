@@ -24,7 +24,10 @@
 // (the data is in the destination memory), FAILED, TIMEOUT or CANCELLED; once
 // it has reported an end state the TransferReq is released and further
 // queries answer PARAM_INVALID. Local buffers must stay valid until the
-// request has ended.
+// request has ended. Over shm a transfer of up to 64 KiB without a
+// notification is copied before TransferAsync returns (its request has
+// ended by then; it is still reported once, like any other) and keeps no
+// request object: a stream of small ones costs little more than the copies.
 //
 // Failure semantics: a request that ends TIMEOUT, FAILED or CANCELLED has
 // stopped — no byte of it is written afterwards into either side's memory, so

@@ -448,10 +448,32 @@ namespace {
 constexpr size_t kSpinMaxBytes = 256u << 10;
 }  // namespace
 
+namespace {
+// The calling thread's resolved slices and pins, reused from transfer to
+// transfer; a transfer that outlives the call takes them with it.
+struct Scratch {
+  std::vector<memory::Slice> slices;
+  std::vector<memory::RegionRef> pins;
+};
+thread_local Scratch tl_scratch;
+
+// Drops what Resolve gave when the transfer did not take it: the pins and
+// the peer's activity count.
+struct ResolvedGuard {
+  std::vector<memory::RegionRef>& pins;
+  std::atomic<int>* active;
+  ~ResolvedGuard() {
+    memory::Unpin(pins);
+    if (active) active->fetch_sub(1, std::memory_order_acq_rel);
+  }
+};
+}  // namespace
+
 Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
                            const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                            net::Deadline deadline, std::shared_ptr<Peer>& peer,
-                           std::shared_ptr<transport::Transfer>& t) {
+                           std::vector<memory::Slice>& slices,
+                           std::vector<memory::RegionRef>& pins) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (op != TransferOp::READ && op != TransferOp::WRITE) {
     return Status::ParamInvalid("unknown transfer op");
@@ -464,8 +486,8 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
     }
   }
   if (Status s = AcquirePeer(remote, deadline, peer); !s.ok()) return s;
-  // AcquirePeer counted one activity on the peer: the transfer releases it
-  // when it ends, or this guard on a failure here.
+  // AcquirePeer counted one activity on the peer: the caller releases it
+  // (or the transfer it makes), this guard on a failure here.
   struct ActiveGuard {
     std::atomic<int>* n;
     ~ActiveGuard() {
@@ -478,14 +500,34 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
         std::to_string(args.remote_generation) + " but the peer now runs generation " +
         std::to_string(peer->generation) + " (it restarted; its old addresses are stale)");
   }
-  std::vector<memory::Slice> slices;
-  std::vector<memory::RegionRef> pins;
   if (Status s = peer->regions.Resolve(op, descs, slices, pins); !s.ok()) {
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
-  t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline,
-                                            std::shared_ptr<const void>(peer), active.n);
-  active.n = nullptr;  // the transfer's now
+  active.n = nullptr;  // the caller's now
+  return Status::Ok();
+}
+
+bool Hixl::Impl::CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
+                              const TransferArgs& args) {
+  if (args.notify) return false;
+  const size_t limit = peer.channel->InlineLimit();
+  size_t bytes = 0;
+  for (const auto& s : slices) {
+    bytes += s.len;
+    if (bytes > limit) return false;
+  }
+  return true;
+}
+
+std::shared_ptr<transport::Transfer> Hixl::Impl::MakeTransfer(
+    const std::shared_ptr<Peer>& peer, TransferOp op, const TransferArgs& args,
+    net::Deadline deadline, std::vector<memory::Slice>& slices,
+    std::vector<memory::RegionRef>& pins) {
+  // The transfer takes over the pins and the peer's activity count.
+  auto t = std::make_shared<transport::Transfer>(op, std::move(slices), std::move(pins), deadline,
+                                                 std::shared_ptr<const void>(peer), &peer->active);
+  slices.clear();  // moved-from: make them plainly empty for the next transfer
+  pins.clear();
   if (args.notify) {
     NotifyDesc d = *args.notify;
     std::weak_ptr<Peer> wp = peer;
@@ -504,7 +546,7 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
       });
     });
   }
-  return Status::Ok();
+  return t;
 }
 
 Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
@@ -512,8 +554,15 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
                                 int32_t timeout_ms) {
   auto deadline = timeout_ms > 0 ? net::DeadlineAfterMs(timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
-  std::shared_ptr<transport::Transfer> t;
-  if (Status s = Resolve(remote, op, descs, args, deadline, peer, t); !s.ok()) return s;
+  Scratch& sc = tl_scratch;
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
+    return s;
+  if (CanRunInline(*peer, sc.slices, args)) {
+    // Small shm copies: no request object, no hand-off.
+    ResolvedGuard g{sc.pins, &peer->active};
+    return peer->channel->RunInline(op, sc.slices.data(), sc.slices.size(), deadline);
+  }
+  auto t = MakeTransfer(peer, op, args, deadline, sc.slices, sc.pins);
   peer->channel->Submit(t, /*caller_waits=*/true);
   // A small transfer's answer (tcp, UCX) is usually microseconds away:
   // spinning for it, bounded, saves this thread a sleep and a wake-up, which
@@ -538,8 +587,34 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
   auto deadline =
       args.timeout_ms > 0 ? net::DeadlineAfterMs(args.timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
-  std::shared_ptr<transport::Transfer> t;
-  if (Status s = Resolve(remote, op, descs, args, deadline, peer, t); !s.ok()) return s;
+  Scratch& sc = tl_scratch;
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
+    return s;
+  if (CanRunInline(*peer, sc.slices, args)) {
+    // A small shm copy ends here, before the request exists: a success is
+    // one bit until GetTransferStatus reports it; a failure is kept as an
+    // ended request with its reason.
+    Status end;
+    {
+      ResolvedGuard g{sc.pins, &peer->active};
+      end = peer->channel->RunInline(op, sc.slices.data(), sc.slices.size(), deadline);
+    }
+    std::shared_ptr<transport::Transfer> failed;
+    if (!end.ok()) {
+      failed = std::make_shared<transport::Transfer>(op, std::vector<memory::Slice>{},
+                                                     std::vector<memory::RegionRef>{}, deadline);
+      failed->Finish(std::move(end));
+    }
+    std::lock_guard<std::mutex> lock(req_mu_);
+    req = next_req_++;
+    if (failed) {
+      reqs_[req] = std::move(failed);
+    } else {
+      done_ids_.Add(req);
+    }
+    return Status::Ok();
+  }
+  auto t = MakeTransfer(peer, op, args, deadline, sc.slices, sc.pins);
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(req_mu_);
@@ -563,6 +638,11 @@ Status Hixl::Impl::GetTransferStatus(TransferReq req, TransferStatus& status, St
   std::shared_ptr<transport::Transfer> t;
   {
     std::lock_guard<std::mutex> lock(req_mu_);
+    if (done_ids_.Take(req)) {
+      status = TransferStatus::COMPLETED;
+      if (reason != nullptr) *reason = Status::Ok();
+      return Status::Ok();
+    }
     auto it = reqs_.find(req);
     if (it == reqs_.end()) return UnknownRequest(req);
     t = it->second;
@@ -581,6 +661,7 @@ Status Hixl::Impl::CancelTransfer(TransferReq req) {
   std::shared_ptr<transport::Transfer> t;
   {
     std::lock_guard<std::mutex> lock(req_mu_);
+    if (done_ids_.Has(req)) return Status::Ok();  // it ended already
     auto it = reqs_.find(req);
     if (it == reqs_.end()) return UnknownRequest(req);
     t = it->second;

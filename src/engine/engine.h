@@ -29,6 +29,7 @@
 #include "common/thread_pool.h"
 #include "common/wire.h"
 #include "control/protocol.h"
+#include "engine/done_ids.h"
 #include "engine/naming.h"
 #include "engine/notify_inbox.h"
 #include "engine/options.h"
@@ -175,9 +176,24 @@ class Hixl::Impl {
   // Finds (or with AutoConnect, connects) the peer and counts one activity on
   // it (Peer::active) so it is not evicted; the caller releases it.
   Status AcquirePeer(const std::string& remote, net::Deadline deadline, std::shared_ptr<Peer>& out);
+  // Checks a transfer's arguments, acquires its peer (one activity counted)
+  // and resolves the descriptors against the peer's regions into slices and
+  // pins (RemoteRegionTable::Resolve). On success the caller owns the count
+  // and the pins; on failure nothing is held.
   Status Resolve(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
                  const TransferArgs& args, net::Deadline deadline, std::shared_ptr<Peer>& peer,
-                 std::shared_ptr<transport::Transfer>& t);
+                 std::vector<memory::Slice>& slices, std::vector<memory::RegionRef>& pins);
+  // True when the resolved transfer may run through Channel::RunInline (no
+  // notification, within the channel's InlineLimit).
+  static bool CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
+                           const TransferArgs& args);
+  // The request object of a resolved transfer; it takes over the pins and
+  // the peer's activity count (slices and pins are left empty).
+  std::shared_ptr<transport::Transfer> MakeTransfer(const std::shared_ptr<Peer>& peer,
+                                                    TransferOp op, const TransferArgs& args,
+                                                    net::Deadline deadline,
+                                                    std::vector<memory::Slice>& slices,
+                                                    std::vector<memory::RegionRef>& pins);
   // Evicts idle peers when a new link would pass MaxPeers (peers_mu_ held).
   Status MakeRoomLocked(std::vector<std::shared_ptr<Peer>>& evicted);
   void DropPeer(const std::shared_ptr<Peer>& peer, net::Deadline drain_until,
@@ -264,6 +280,7 @@ class Hixl::Impl {
   std::mutex req_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<transport::Transfer>> reqs_;
   size_t deadline_reqs_ = 0;  // requests in reqs_ with a deadline
+  engine::DoneIds done_ids_;  // requests that ended inside TransferAsync, unreported
   uint64_t next_req_ = 1;
 
   std::mutex alloc_mu_;

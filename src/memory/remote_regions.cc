@@ -52,11 +52,23 @@ size_t RemoteRegionTable::size() const {
 
 Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
                                   std::vector<Slice>& slices, std::vector<RegionRef>& pinned) const {
+  std::vector<Slice>& out = slices;
+  std::vector<RegionRef>& pins = pinned;
+  out.clear();
+  pins.clear();
   if (descs.empty()) return Status::ParamInvalid("descriptor list is empty");
   const uint32_t need = op == TransferOp::WRITE ? MEM_PERM_WRITE : MEM_PERM_READ;
-  std::vector<Slice> out;
   out.reserve(descs.size());
-  std::vector<RegionRef> pins;
+  struct Undo {
+    std::vector<Slice>& out;
+    std::vector<RegionRef>& pins;
+    bool armed = true;
+    ~Undo() {
+      if (!armed) return;
+      out.clear();
+      pins.clear();
+    }
+  } undo{out, pins};
   std::lock_guard<std::mutex> lock(mu_);
   const RemoteRegion* last = nullptr;
   for (size_t i = 0; i < descs.size(); ++i) {
@@ -98,8 +110,7 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
     out.push_back(Slice{d.local_addr, d.remote_addr, d.len, const_cast<RemoteRegion*>(r)});
   }
   for (auto& p : pins) p->users.fetch_add(1, std::memory_order_acq_rel);
-  slices = std::move(out);
-  pinned = std::move(pins);
+  undo.armed = false;
   return Status::Ok();
 }
 

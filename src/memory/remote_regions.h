@@ -72,7 +72,9 @@ class RemoteRegionTable {
 
   // Checks every descriptor (non-zero length and addresses, no wrap-around,
   // wholly inside one region, permission for op). On success fills slices
-  // and pins each region used; on failure changes nothing.
+  // and pins each region used; on failure both are left empty and nothing
+  // is pinned. Their storage is reused (a caller may keep the vectors
+  // between transfers); pinned must hold no pins on entry.
   Status Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
                  std::vector<Slice>& slices, std::vector<RegionRef>& pinned) const;
 

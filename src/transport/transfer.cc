@@ -71,36 +71,38 @@ void Transfer::PartDone(const Status& s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (first_error_.ok()) first_error_ = s;
   }
-  if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    Status end;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      end = first_error_;
-      // A part that failed because the transfer was stopped reports the
-      // stop's reason (TIMEOUT, CANCELLED, ...), not a side effect of it.
-      if (!end.ok() && stop_.load(std::memory_order_relaxed) && !stop_reason_.ok()) {
-        end = stop_reason_;
-      }
-      stop_hook_ = nullptr;  // it may hold the channel; not needed any more
+  if (parts_left_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::shared_ptr<const void> keepalive;  // released after the lock, last
+  std::function<void(std::shared_ptr<Transfer>)> then;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status end = first_error_;
+    // A part that failed because the transfer was stopped reports the
+    // stop's reason (TIMEOUT, CANCELLED, ...), not a side effect of it.
+    if (!end.ok() && stop_.load(std::memory_order_relaxed) && !stop_reason_.ok()) {
+      end = stop_reason_;
     }
+    stop_hook_ = nullptr;  // it may hold the channel; not needed any more
     if (end.ok() && then_) {
       // The data is in place: nothing of it moves any more, so the regions
       // are released now; the transfer ends when its then step says so.
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        memory::Unpin(pins_);
-      }
-      auto then = std::move(then_);
-      then(shared_from_this());
-      return;
+      memory::Unpin(pins_);
+      then = std::move(then_);
+      then_ = nullptr;
+    } else {
+      EndLocked(std::move(end), keepalive);
     }
-    End(end);
   }
+  if (then) then(shared_from_this());
 }
 
 void Transfer::End(Status s) {
   std::shared_ptr<const void> keepalive;  // released after the lock, last
   std::lock_guard<std::mutex> lock(mu_);
+  EndLocked(std::move(s), keepalive);
+}
+
+void Transfer::EndLocked(Status s, std::shared_ptr<const void>& keepalive) {
   if (state_.load(std::memory_order_relaxed) != TransferStatus::WAITING) return;
   keepalive.swap(keepalive_);
   if (active_ != nullptr) {

@@ -70,6 +70,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
 
  private:
   void End(Status s);
+  // End with mu_ held; hands the keepalive out, to be released unlocked.
+  void EndLocked(Status s, std::shared_ptr<const void>& keepalive);
 
   size_t bytes_ = 0;
   std::vector<memory::RegionRef> pins_;

@@ -124,6 +124,21 @@ class Channel {
   // Starts t. When caller_waits the transport may run it on the calling
   // thread. The transport ends t exactly once (through Transfer::PartDone).
   virtual void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) = 0;
+  // Transfers of at most this many bytes (and no notification) may run
+  // through RunInline instead of Submit; 0: never.
+  virtual size_t InlineLimit() const { return 0; }
+  // Moves slices[0, n) on the calling thread and returns how that ended,
+  // with the same checks and ordering as a submitted transfer; no Transfer
+  // object exists, so nothing can stop it but the deadline and Close. The
+  // caller holds the slices' pins until it returns.
+  virtual Status RunInline(TransferOp op, const memory::Slice* slices, size_t n,
+                           net::Deadline deadline) {
+    (void)op;
+    (void)slices;
+    (void)n;
+    (void)deadline;
+    return Status::Unsupported("this transport runs no transfer inline");
+  }
   // Stops using the peer: transfers not yet finished end FAILED. Bytes the
   // transport already put on their way are let land first, waiting until
   // drain_until at most (a past deadline: the peer is gone or hung, nothing is

@@ -328,6 +328,12 @@ class ShmChannel final : public Channel {
 
   Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) override;
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
+  size_t InlineLimit() const override { return kInlineBytes; }
+  Status RunInline(TransferOp op, const memory::Slice* slices, size_t n,
+                   net::Deadline deadline) override {
+    if (n == 0) return Status::Ok();
+    return RunPart(op, slices, Part{0, n, 0, slices[n - 1].len}, nullptr, deadline);
+  }
   void Close(net::Deadline) override {
     // Copies are done by this process: each part stops at its next chunk and
     // its transfer ends only after that, so there is nothing to drain.
@@ -342,7 +348,13 @@ class ShmChannel final : public Channel {
     size_t first_off = 0;
     size_t last_end = 0;  // bytes of slices[end-1] to cover, from its start
   };
-  Status RunPart(const Transfer& t, const Part& p) const;
+  // t: the transfer the slices belong to (its stop flag is checked), or
+  // null for one run inline (only the deadline is).
+  Status RunPart(TransferOp op, const memory::Slice* slices, const Part& p, const Transfer* t,
+                 net::Deadline deadline) const;
+  Status RunPart(const Transfer& t, const Part& p) const {
+    return RunPart(t.op, t.slices.data(), p, &t, t.deadline);
+  }
   static void CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
                          uintptr_t remote, size_t len);
   Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
@@ -570,12 +582,13 @@ Status ShmChannel::CopyCma(TransferOp op, const iovec* local, const iovec* remot
   return Status::Ok();
 }
 
-Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
+Status ShmChannel::RunPart(TransferOp op, const memory::Slice* slices, const Part& p,
+                           const Transfer* t, net::Deadline deadline) const {
   iovec liov[kIovMax], riov[kIovMax];
   size_t n = 0, batch_bytes = 0;
   auto flush = [&]() -> Status {
     if (n == 0) return Status::Ok();
-    Status s = CopyCma(t.op, liov, riov, n, batch_bytes);
+    Status s = CopyCma(op, liov, riov, n, batch_bytes);
     n = 0;
     batch_bytes = 0;
     return s;
@@ -590,7 +603,7 @@ Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
   size_t since_check = 0;
   bool first = true;
   for (size_t i = p.begin; i < p.end; ++i) {
-    const memory::Slice& s = t.slices[i];
+    const memory::Slice& s = slices[i];
     const memory::RemoteRegion& g = *s.region;
     size_t off = (i == p.begin) ? p.first_off : 0;
     size_t end = (i + 1 == p.end) ? p.last_end : s.len;
@@ -599,7 +612,12 @@ Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
       if (since_check >= kChunk || (i - p.begin) % 1024 == 0) {
         // The first check skips the clock: the deadline was just set, and a
         // timeout reaches a running part as a stop request anyway.
-        Status c = first ? t.CheckStop() : t.CheckContinue();
+        Status c;
+        if (t != nullptr) {
+          c = first ? t->CheckStop() : t->CheckContinue();
+        } else if (!first && deadline != net::Deadline::max() && net::Clock::now() >= deadline) {
+          c = Status::Timeout("transfer deadline passed");
+        }
         first = false;
         if (!c.ok()) return c;
         if (closed_.load(std::memory_order_acquire)) {
@@ -620,7 +638,7 @@ Status ShmChannel::RunPart(const Transfer& t, const Part& p) const {
         }
         if (m1 > m0) {
           if (Status st = flush(); !st.ok()) return st;  // keep the descriptors' order
-          CopyMapped(t.op, g, local + (m0 - a), m0, m1 - m0);
+          CopyMapped(op, g, local + (m0 - a), m0, m1 - m0);
         }
         if (b > m1) {
           if (Status st = cma(local + (m1 - a), m1, b - m1); !st.ok()) return st;
