@@ -59,5 +59,6 @@ $py tools/plots/plot_bench.py $out/bandwidth.png $out/bench_shm.jsonl $out/bench
 $py tools/plots/plot_timeline.py $out/timeline_shm.png $out/timeline_shm.json
 $py tools/plots/plot_timeline.py $out/timeline_tcp.png $out/timeline_tcp.json
 $py tools/plots/tables.py $out/bench_shm.jsonl $out/bench_tcp.jsonl $out/bench_many_*.jsonl \
+  $out/bench_user_memory.jsonl $out/bench_stream.jsonl $out/bench_notify.jsonl \
   $out/kv_shm.jsonl $out/kv_tcp.jsonl > $out/tables.md
 echo "done: $out/ (tables in $out/tables.md)"

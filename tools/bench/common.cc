@@ -177,8 +177,6 @@ std::string LinkTypeOption(const std::string& transport) {
   return "SHM";
 }
 
-namespace {
-// JSON string contents: quotes, backslashes and control characters escaped.
 std::string JsonEscape(const std::string& s) {
   std::string out;
   for (const char ch : s) {
@@ -193,7 +191,6 @@ std::string JsonEscape(const std::string& s) {
   }
   return out;
 }
-}  // namespace
 
 void PrintJson(const Measurement& m) {
   std::printf(

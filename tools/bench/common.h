@@ -141,6 +141,8 @@ struct Measurement {
 std::string LinkTypeOption(const std::string& transport);
 
 void PrintJson(const Measurement& m);
+// JSON string contents: quotes and backslashes escaped, control characters blanked.
+std::string JsonEscape(const std::string& s);
 // A CPU figure for a table cell: ms per GB (per_gb) or per 10k transfers; "-" if not measured.
 std::string CpuCell(const CpuFigures& f, bool per_gb);
 // transport "ucx": the ucx_perftest columns.

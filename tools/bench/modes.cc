@@ -207,13 +207,17 @@ int RunNotify(const Options& o) {
   if (!(in >> ok >> seen_p50 >> seen_p99) || ok != "OK") Fail("target: " + reply);
   std::sort(plain_us.begin(), plain_us.end());
   std::sort(sync_us.begin(), sync_us.end());
+  std::string engine_opts;  // the initiator's --engine-opt settings, "K=V K=V"
+  for (const auto& [k, v] : o.engine_opts)
+    engine_opts += (engine_opts.empty() ? "" : " ") + k + "=" + v;
   std::printf("{\"mode\":\"notify\",\"transport\":\"%s\",\"iters\":%" PRIu64
-              ",\"target\":\"%s\",\"gap_us\":%" PRIu64
+              ",\"engine_opts\":\"%s\",\"target\":\"%s\",\"gap_us\":%" PRIu64
               ",\"seen_p50_us\":%.2f,\"seen_p99_us\":%.2f,\"sync_notify_p50_us\":%.2f,"
               "\"sync_notify_p99_us\":%.2f,\"write_p50_us\":%.2f,\"write_p99_us\":%.2f}\n",
-              o.transport.c_str(), n, o.notify_poll ? "poll" : "callback", o.notify_gap_us,
-              seen_p50, seen_p99, Percentile(sync_us, 0.5), Percentile(sync_us, 0.99),
-              Percentile(plain_us, 0.5), Percentile(plain_us, 0.99));
+              o.transport.c_str(), n, JsonEscape(engine_opts).c_str(),
+              o.notify_poll ? "poll" : "callback", o.notify_gap_us, seen_p50, seen_p99,
+              Percentile(sync_us, 0.5), Percentile(sync_us, 0.99), Percentile(plain_us, 0.5),
+              Percentile(plain_us, 0.99));
   if (o.table) {
     std::fprintf(stderr, "%s: notification seen after post  p50 %8.2f us  p99 %8.2f us\n",
                  o.transport.c_str(), seen_p50, seen_p99);

@@ -5,7 +5,9 @@
 // requests are posted and not yet reaped; the oldest is reaped first
 // (GetTransferStatus on it until it ends, then the next is posted), as a
 // caller that needs its blocks in order would. p50/p99 are post-to-reaped
-// times, queueing in the window included.
+// times, queueing in the window included, of every kLatencyEvery-th
+// transfer (reading the clock for each would add a sizeable share of a
+// small transfer's cost to the rate).
 //
 // Beside it, rep by rep in the same run: ucx_perftest ucp_put_bw (READ:
 // ucp_get) with the same message size and count and -O window outstanding,
@@ -30,6 +32,7 @@ uint64_t StreamSlots(const Options& o, uint64_t block) {
 namespace {
 
 constexpr int kPerftestTimeoutMs = 120000;
+constexpr uint64_t kLatencyEvery = 16;
 
 const char* StatusName(hixl::TransferStatus st) {
   switch (st) {
@@ -58,7 +61,7 @@ double Stream(Context& c, hixl::TransferOp op, uint64_t block, uint64_t slots, u
     for (; posted < n && posted - reaped < window; ++posted) {
       const uint64_t s = posted % slots;
       desc[0] = {local + s * block, c.target.addr + s * block, block};
-      posted_at[posted % window] = Clock::now();
+      if (lat_us && posted % kLatencyEvery == 0) posted_at[posted % window] = Clock::now();
       const hixl::Status st =
           c.engine->TransferAsync(c.target.engine, op, desc, args, reqs[posted % window]);
       if (!st.ok()) Fail(std::string("TransferAsync ") + OpName(op) + " failed: " + st.ToString());
@@ -71,7 +74,8 @@ double Stream(Context& c, hixl::TransferOp op, uint64_t block, uint64_t slots, u
     if (st != hixl::TransferStatus::COMPLETED)
       Fail(std::string("async ") + OpName(op) + " of " + HumanSize(block) + " ended " +
            StatusName(st) + ": " + reason.ToString());
-    if (lat_us) lat_us->push_back(Seconds(posted_at[reaped % window], Clock::now()) * 1e6);
+    if (lat_us && reaped % kLatencyEvery == 0)
+      lat_us->push_back(Seconds(posted_at[reaped % window], Clock::now()) * 1e6);
     ++reaped;
   }
   return Seconds(t0, Clock::now());
@@ -119,7 +123,7 @@ Measurement MeasureStream(Context& c, hixl::TransferOp op, uint64_t block, uint6
   const CpuClock cpu(c.child->pid());
   std::vector<CpuSpan> cpu_hixl;
   std::vector<double> tps, gbps, avg_us, lat_us, pt_tps, pt_gbps, pt_p50_us;
-  lat_us.reserve(transfers * o.reps);
+  lat_us.reserve(transfers * o.reps / kLatencyEvery + o.reps);
   const double n = static_cast<double>(transfers);
   const double bytes = n * static_cast<double>(block);
   bool verified = false;
