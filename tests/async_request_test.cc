@@ -10,9 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hixl/hixl.h"
@@ -188,6 +191,62 @@ TEST_P(AsyncRequestTest, SmallRequestThatFailsIsReportedFailedOnce) {
   const Buffer both(2 * kLen, 0x33);
   EXPECT_EQ(peer_->Hash("m", 0, 2 * kLen), both.HashHex());
   munmap(hole, page);
+}
+
+// Small transfers from two threads while the peer frees the region they
+// write into: each one completes or fails cleanly (refused at post, or
+// FAILED), none touches the region's mapping after it is gone (this process
+// would crash), and once the peer's free returned no transfer succeeds.
+TEST_P(AsyncRequestTest, SmallRequestsRacingAFreeOfTheirRegion) {
+  constexpr size_t kLen = 4096, kSlots = 64, kN = kSlots * kLen;
+  const uintptr_t remote = peer_->Alloc("f", kN);
+  ASSERT_NE(remote, 0u);
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  Buffer src(kN, 0x11);
+  std::atomic<bool> freed{false};
+  std::atomic<int> ok{0}, refused{0}, failed{0}, late_ok{0};
+  auto worker = [&](int id) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (int i = 0; i < 200000 && std::chrono::steady_clock::now() < until; ++i) {
+      const bool after = freed.load();
+      const size_t off = (id * kSlots / 2 + i % (kSlots / 2)) * kLen;  // its own slots
+      Status s;
+      if (i % 2 == 0) {
+        s = engine_.TransferSync(peer_->engine(), TransferOp::WRITE,
+                                 {{src.addr(off), remote + off, kLen}}, 2000);
+      } else {
+        TransferReq req = 0;
+        s = engine_.TransferAsync(peer_->engine(), TransferOp::WRITE,
+                                  {{src.addr(off), remote + off, kLen}}, {}, req);
+        if (s.ok()) {
+          Status reason;
+          TransferStatus st = hixl_test::WaitForEnd(engine_, req, kEndMs, nullptr, &reason);
+          if (st != TransferStatus::COMPLETED)
+            s = reason.ok() ? Status::Failed("not ended") : reason;
+        }
+      }
+      if (s.ok()) {
+        ++ok;
+        if (after) ++late_ok;
+      } else if (s.code() == StatusCode::kParamInvalid) {
+        ++refused;
+        if (after) return;  // seen refused after the free: done
+      } else {
+        ++failed;
+      }
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const bool freed_ok = peer_->Ok("free f");
+  freed = true;
+  a.join();
+  b.join();
+  ASSERT_TRUE(freed_ok);
+  EXPECT_GT(ok.load(), 0) << "nothing was written before the free";
+  EXPECT_GT(refused.load(), 0) << "nothing was refused after the free";
+  EXPECT_EQ(late_ok.load(), 0) << "transfers started after the free returned succeeded";
+  EXPECT_TRUE(peer_->Ok("ping"));
 }
 
 std::string LinkParamName(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
