@@ -601,8 +601,10 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
     }
     std::shared_ptr<transport::Transfer> failed;
     if (!end.ok()) {
-      failed = std::make_shared<transport::Transfer>(op, std::vector<memory::Slice>{},
-                                                     std::vector<memory::RegionRef>{}, deadline);
+      // Ended already: no deadline (deadline_reqs_ counts only requests the
+      // sweep may still have to stop, and GetTransferStatus uncounts by it).
+      failed = std::make_shared<transport::Transfer>(
+          op, std::vector<memory::Slice>{}, std::vector<memory::RegionRef>{}, net::Deadline::max());
       failed->Finish(std::move(end));
     }
     std::lock_guard<std::mutex> lock(req_mu_);
