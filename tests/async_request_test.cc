@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,8 +41,9 @@ class AsyncRequestTest : public ::testing::TestWithParam<std::string> {
     peer_ = std::make_unique<PeerProcess>();
     ASSERT_TRUE(peer_->Start());
   }
-  void Connect() {
-    HIXL_ASSERT_OK(engine_.Initialize("127.0.0.1:0", {{hixl::options::kLinkType, GetParam()}}));
+  void Connect(std::map<std::string, std::string> opts = {}) {
+    opts[hixl::options::kLinkType] = GetParam();
+    HIXL_ASSERT_OK(engine_.Initialize("127.0.0.1:0", opts));
     HIXL_ASSERT_OK(engine_.Connect(peer_->engine(), kConnectMs));
   }
   void TearDown() override {
@@ -247,6 +249,85 @@ TEST_P(AsyncRequestTest, SmallRequestsRacingAFreeOfTheirRegion) {
   EXPECT_GT(refused.load(), 0) << "nothing was refused after the free";
   EXPECT_EQ(late_ok.load(), 0) << "transfers started after the free returned succeeded";
   EXPECT_TRUE(peer_->Ok("ping"));
+}
+
+// Sync callers and async requests on one link at once (tcp: one lane, so a
+// caller waiting in TransferSync receives the answers of the other threads'
+// transfers too, and they receive its): every transfer ends with its own
+// answer, READs bring back exactly the bytes of their slot, and nothing is
+// lost or delivered twice.
+TEST_P(AsyncRequestTest, SyncCallersAndAsyncRequestsShareALane) {
+  constexpr size_t kThreads = 3, kSlots = 48, kIters = 120;
+  constexpr size_t kLens[] = {4096, 64u << 10, 200u << 10};
+  constexpr size_t kSlot = 200u << 10, kN = kThreads * kSlots * kSlot;
+  const uintptr_t remote = peer_->Alloc("a", kN);
+  ASSERT_NE(remote, 0u);
+  ASSERT_NO_FATAL_FAILURE(Connect({{hixl::options::kTcpLanes, "1"}}));
+  Buffer src(kN);
+  hixl_test::FillPattern(src.data(), kN, 91);
+  std::vector<std::string> errors(kThreads + 1);
+  std::atomic<bool> done{false};
+  // Thread kThreads keeps async READs of slot 0 of every sync thread's area
+  // in flight meanwhile; slot 0 is written once before and never again.
+  for (size_t t = 0; t < kThreads; ++t) {
+    const size_t off = t * kSlots * kSlot;
+    HIXL_ASSERT_OK(engine_.TransferSync(peer_->engine(), TransferOp::WRITE,
+                                        {{src.addr(off), remote + off, kSlot}}, kEndMs));
+  }
+  auto sync_worker = [&](size_t t) {
+    Buffer back(kSlot);
+    for (size_t i = 0; i < kIters && errors[t].empty(); ++i) {
+      const size_t len = kLens[i % 3];
+      const size_t off = (t * kSlots + 1 + i % (kSlots - 1)) * kSlot;
+      Status s = engine_.TransferSync(peer_->engine(), TransferOp::WRITE,
+                                      {{src.addr(off), remote + off, len}}, kEndMs);
+      if (s.ok()) {
+        std::memset(back.data(), 0, len);
+        s = engine_.TransferSync(peer_->engine(), TransferOp::READ,
+                                 {{back.addr(), remote + off, len}}, kEndMs);
+      }
+      if (!s.ok()) {
+        errors[t] = s.ToString();
+      } else if (std::memcmp(back.data(), src.data() + off, len) != 0) {
+        errors[t] = "READ of " + std::to_string(len) + " bytes at " + std::to_string(off) +
+                    " brought back other bytes";
+      }
+    }
+  };
+  auto async_worker = [&] {
+    Buffer back(kThreads * kSlot);
+    for (int round = 0; round < 1000 && !done.load() && errors[kThreads].empty(); ++round) {
+      std::vector<TransferReq> reqs(kThreads);
+      std::memset(back.data(), 0, back.size());
+      for (size_t t = 0; t < kThreads; ++t) {
+        Status s = engine_.TransferAsync(
+            peer_->engine(), TransferOp::READ,
+            {{back.addr(t * kSlot), remote + t * kSlots * kSlot, kSlot}}, {}, reqs[t]);
+        if (!s.ok()) errors[kThreads] = s.ToString();
+      }
+      for (size_t t = 0; t < kThreads && errors[kThreads].empty(); ++t) {
+        Status reason;
+        if (hixl_test::WaitForEnd(engine_, reqs[t], kEndMs, nullptr, &reason) !=
+            TransferStatus::COMPLETED) {
+          errors[kThreads] = "async READ: " + reason.ToString();
+        } else if (std::memcmp(back.data() + t * kSlot, src.data() + t * kSlots * kSlot, kSlot) !=
+                   0) {
+          errors[kThreads] = "async READ brought back other bytes";
+        }
+      }
+    }
+  };
+  std::thread reader(async_worker);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t) threads.emplace_back(sync_worker, t);
+  for (auto& th : threads) th.join();
+  done = true;
+  reader.join();
+  for (size_t t = 0; t <= kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+  for (size_t t = 0; t < kThreads; ++t) {
+    const size_t off = t * kSlots * kSlot;
+    EXPECT_EQ(peer_->Hash("a", off, kSlot), src.HashHex(off, kSlot));
+  }
 }
 
 std::string LinkParamName(const ::testing::TestParamInfo<std::string>& i) { return i.param; }

@@ -57,6 +57,8 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
   // The transfer runs as n parts; each calls PartDone once. The last one ends it.
   void SetParts(int n) { parts_left_.store(n, std::memory_order_release); }
   void PartDone(const Status& s);
+  // Every part has called PartDone (the transfer may still be in its then step).
+  bool PartsDone() const { return parts_left_.load(std::memory_order_acquire) <= 0; }
 
   bool Done() const { return state_.load(std::memory_order_acquire) != TransferStatus::WAITING; }
   TransferStatus state() const { return state_.load(std::memory_order_acquire); }

@@ -3,6 +3,7 @@
 // order (READ payloads straight into the caller's memory); TcpChannel cuts
 // each transfer into slices and stripes them over a link's lanes.
 // Thread safety: see ClientLane and TcpChannel in tcp_internal.h.
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -78,7 +79,7 @@ void ClientLane::FlushLocked(Completions& done) {
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        SetEventsLocked(EPOLLIN | EPOLLRDHUP | EPOLLOUT);
+        SetEventsLocked(ReadEventsLocked() | EPOLLOUT);
         return;
       }
       if (errno == EFAULT) {
@@ -107,7 +108,7 @@ void ClientLane::FlushLocked(Completions& done) {
       }
     }
   }
-  SetEventsLocked(EPOLLIN | EPOLLRDHUP);
+  SetEventsLocked(ReadEventsLocked());
 }
 
 void ClientLane::Fail(const Status& why) {
@@ -132,6 +133,7 @@ void ClientLane::FailNow() {
   Completions done;
   Completions fenced;  // WRITE pieces whose bytes may be on their way
   {
+    std::lock_guard<std::mutex> read_lock(read_mu_);  // no one is receiving now
     std::lock_guard<std::mutex> lock(mu_);
     if (fd_.valid() && (!sendq_.empty() || !inflight_.empty())) {
       // Abandoning pieces on the wire: reset the connection rather than
@@ -200,6 +202,7 @@ void ClientLane::Poll() {
 void ClientLane::DetachStoppedReads() {
   Completions done;
   {
+    std::lock_guard<std::mutex> read_lock(read_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     bool front = true;
     for (auto& p : inflight_) {
@@ -343,21 +346,77 @@ void ClientLane::OnEvent(uint32_t ev) {
     if (!broken_) FlushLocked(done);
     ok = !broken_;
   }
-  if (ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) ok = ReadResponses(done);
+  bool broke = false;
+  if (ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) Receive(done, broke);
+  for (auto& [t, s] : done) t->PartDone(s);
+  if (!ok || broke) Fail(ClosedReason());
+}
+
+Status ClientLane::ClosedReason() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_reason_.ok() ? Status::NotConnected("tcp lane to " + engine_ + " closed")
+                             : broken_reason_;
+}
+
+bool ClientLane::Receive(Completions& done, bool& broke) {
+  std::lock_guard<std::mutex> read_lock(read_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_ && sendq_.empty() && inflight_.empty()) drained_cv_.notify_all();
+    // Broken: it is being failed (or was: the socket is gone); nothing more
+    // is received.
+    if (broken_ || !fd_.valid()) return false;
   }
-  for (auto& [t, s] : done) t->PartDone(s);
-  if (!ok) {
-    Status why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      why = broken_reason_.ok() ? Status::NotConnected("tcp lane to " + engine_ + " closed")
-                                : broken_reason_;
+  broke = !ReadResponses(done);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_ && sendq_.empty() && inflight_.empty()) drained_cv_.notify_all();
+  return !broke;
+}
+
+void ClientLane::ReceiveAsCaller(const Transfer& t, std::chrono::microseconds spin,
+                                 net::Deadline deadline) {
+  int fd;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_ || caller_reads_ || !fd_.valid()) return;
+    caller_reads_ = true;
+    SetEventsLocked(ReadEventsLocked() | (events_ & EPOLLOUT));
+    fd = fd_.get();
+  }
+  const auto start = net::Clock::now();
+  const auto spin_until = std::min<net::Deadline>(start + spin, deadline);
+  const auto block_until = std::min<net::Deadline>(spin_until + kCallerReadFor, deadline);
+  bool broke = false;
+  for (;;) {
+    Completions done;
+    const bool readable = Receive(done, broke);
+    for (auto& [tr, s] : done) tr->PartDone(s);
+    if (!readable || t.PartsDone()) break;
+    const auto now = net::Clock::now();
+    if (now >= block_until) break;
+    if (now < spin_until) {
+      for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+      }
+      continue;
     }
-    Fail(why);
+    // The socket may be closed (and its number reused) by a failing lane
+    // meanwhile: this only waits; Receive checks the lane before reading.
+    const auto left = std::min<std::chrono::nanoseconds>(block_until - now, kCallerReadSlice);
+    timespec ts{0, static_cast<long>(left.count())};
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    ::ppoll(&p, 1, &ts, nullptr);
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    caller_reads_ = false;
+    // Level-triggered: what arrived meanwhile wakes the loop thread now.
+    SetEventsLocked(ReadEventsLocked() | (events_ & EPOLLOUT));
+  }
+  if (broke) Fail(ClosedReason());
 }
 
 // ---- TcpChannel -------------------------------------------------------------
@@ -372,7 +431,6 @@ void TcpChannel::Close(net::Deadline drain_until) {
 }
 
 void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
-  (void)caller_waits;
   const size_t slice = std::clamp<size_t>(static_cast<size_t>(ctx_.Setting(options::kTcpSliceSize)), 4096, kMaxSlice);
   size_t count = 0;
   for (const auto& s : t->slices) count += (s.len + slice - 1) / slice;
@@ -414,6 +472,19 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   });
   for (size_t i = 0; i < lanes_.size(); ++i) {
     if (!per_lane[i].empty()) lanes_[i]->Enqueue(per_lane[i]);
+  }
+  // A caller waiting for a transfer on one lane receives its answer itself:
+  // one wake-up (its own) instead of the loop thread's and then its own.
+  // It polls for PollSpinUs plus the time the bytes take at a slow
+  // loopback rate (a 64 KiB answer is ~25 us away, past the default spin),
+  // up to 256 KiB's worth; PollSpinUs=0 never polls.
+  if (caller_waits && use == 1) {
+    std::chrono::microseconds spin(ctx_.poll_spin_us);
+    if (spin.count() > 0) {
+      spin +=
+          std::chrono::microseconds(std::min<size_t>(t->bytes(), kSpinBytesMax) / kSpinBytesPerUs);
+    }
+    lanes_[first]->ReceiveAsCaller(*t, spin, t->deadline);
   }
 }
 

@@ -63,6 +63,16 @@ constexpr size_t kMaxPendingLanes = 1024;
 // for answers: it declared this engine dead) when this long has passed since
 // the last check, e.g. after this process was stopped or starved.
 constexpr auto kAliveCheckInterval = std::chrono::milliseconds(2);
+// How long a caller waiting for its answers in ReceiveAsCaller blocks in
+// ppoll at most (in slices of kCallerReadSlice, so it notices a transfer
+// ended or a lane failed by someone else) before leaving them to the loop.
+constexpr auto kCallerReadFor = std::chrono::milliseconds(5);
+constexpr auto kCallerReadSlice = std::chrono::microseconds(500);
+// A caller's polling (before it blocks) grows with the transfer's size by
+// one microsecond per kSpinBytesPerUs bytes (about 2 GB/s), for at most
+// kSpinBytesMax of them.
+constexpr size_t kSpinBytesPerUs = 2048;
+constexpr size_t kSpinBytesMax = 256u << 10;
 
 // Buffered reader for headers; payloads are moved by the caller, first from
 // what is buffered, then straight from the socket into their destination.
@@ -190,9 +200,10 @@ struct Piece {
 using Completions = std::vector<std::pair<std::shared_ptr<Transfer>, Status>>;
 
 // Sends pieces (request header + WRITE payload) and receives their answers
-// in order. Thread safety: Enqueue, Fail, PurgeStopped and Drain may be
-// called from any thread (mu_ guards the queues); receiving runs on the
-// lane's loop thread. Pieces end (Transfer::PartDone) outside mu_.
+// in order. Thread safety: Enqueue, Fail, PurgeStopped, Drain and
+// ReceiveAsCaller may be called from any thread (mu_ guards the queues);
+// receiving runs on the lane's loop thread or on one caller at a time
+// (read_mu_). Pieces end (Transfer::PartDone) outside both locks.
 class ClientLane : public std::enable_shared_from_this<ClientLane> {
  public:
   // fence: PeerInfo::fence (may be empty); stop_grace_ms: how long answers
@@ -232,6 +243,14 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   // Any thread (the engine's control loop): resets the lane when a stopped
   // transfer's pieces on the wire stayed unanswered for stop_grace_ms.
   void Poll();
+  // The calling thread (one waiting in TransferSync) receives the lane's
+  // answers itself until every part of t is answered, instead of the loop
+  // thread receiving them and waking it: it polls the socket for spin, then
+  // waits in ppoll for at most kCallerReadFor (never past deadline). While it
+  // does, the loop thread does not watch the socket for answers. Returns at
+  // once when another caller is receiving on this lane or the lane broke;
+  // whatever is left is received by the loop thread as usual.
+  void ReceiveAsCaller(const Transfer& t, std::chrono::microseconds spin, net::Deadline deadline);
   // Any thread: OK, or why the lane broke.
   Status Health() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -244,7 +263,14 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   void DetachStoppedReads();
   void FlushLocked(Completions& done);
   void SetEventsLocked(uint32_t ev);
-  bool ReadResponses(Completions& done);
+  // What the loop thread watches for answers: nothing while a caller
+  // receives them itself.
+  uint32_t ReadEventsLocked() const { return caller_reads_ ? 0u : EPOLLIN | EPOLLRDHUP; }
+  // Receives what has arrived (takes read_mu_). False: the lane can't be
+  // read any more; broke is set if that happened here (the caller fails it).
+  bool Receive(Completions& done, bool& broke);
+  bool ReadResponses(Completions& done);  // read_mu_ held
+  Status ClosedReason();
 
   EventLoop* loop_;
   std::mutex mu_;
@@ -263,7 +289,11 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   uint64_t next_seq_ = 1;
   std::deque<Piece> sendq_;
   std::deque<Piece> inflight_;
-  // Receive state (loop thread only).
+  bool caller_reads_ = false;  // a caller receives this lane's answers (ReceiveAsCaller)
+  // Held by whoever receives (the loop thread or a caller) and by what
+  // changes the receive state or closes the socket; taken before mu_.
+  std::mutex read_mu_;
+  // Receive state (read_mu_).
   Inbound in_;
   char* rdst_ = nullptr;  // nullptr while rleft_ > 0: discard (detached piece)
   size_t rleft_ = 0;
