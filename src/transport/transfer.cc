@@ -1,5 +1,7 @@
 #include "transport/transfer.h"
 
+#include "common/cpu_relax.h"
+
 namespace hixl::transport {
 
 Transfer::Transfer(TransferOp op_, std::vector<memory::Slice> slices_,
@@ -134,11 +136,7 @@ bool Transfer::SpinUntilDone(std::chrono::microseconds for_) const {
   for (unsigned i = 1;; ++i) {
     if (Done()) return true;
     if (i % 64 == 0 && net::Clock::now() >= until) return false;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
+    CpuRelax();
   }
 }
 

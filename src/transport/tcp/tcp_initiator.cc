@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/cpu_relax.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace hixl::transport::tcp {
@@ -394,13 +395,7 @@ void ClientLane::ReceiveAsCaller(const Transfer& t, std::chrono::microseconds sp
     const auto now = net::Clock::now();
     if (now >= block_until) break;
     if (now < spin_until) {
-      for (int i = 0; i < 16; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        asm volatile("yield");
-#endif
-      }
+      for (int i = 0; i < 16; ++i) CpuRelax();
       continue;
     }
     // The socket may be closed (and its number reused) by a failing lane
