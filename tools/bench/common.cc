@@ -199,7 +199,9 @@ void PrintJson(const Measurement& m) {
       ",\"gbps\":%.4f,\"avg_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f",
       m.transport.c_str(), m.mem.c_str(), m.mode.c_str(), m.op.c_str(), m.block, m.batch, m.threads,
       m.iters, m.gbps, m.avg_us, m.p50_us, m.p99_us);
-  if (m.window > 0) std::printf(",\"window\":%" PRIu64 ",\"tps\":%.1f", m.window, m.tps);
+  if (m.window > 0)
+    std::printf(",\"window\":%" PRIu64 ",\"slots\":%" PRIu64 ",\"tps\":%.1f", m.window, m.slots,
+                m.tps);
   if (!m.has_baseline) {
     // No baseline ran (ucx_perftest missing or failed): no ratio either.
     std::printf(",\"baseline\":\"none\"");

@@ -129,6 +129,7 @@ struct Measurement {
   int remote_mapped = -1;  // shm: 1 the engine mapped the target's region, 0 not, -1 unknown
   // --stream: transfers in flight, transfers per second (ours and perftest's)
   uint64_t window = 0;
+  uint64_t slots = 0;  // --stream: block slots cycled through
   double tps = 0, base_tps = 0;
   double Ratio() const {
     if (!has_baseline) return 0;

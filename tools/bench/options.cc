@@ -64,6 +64,9 @@ void Usage() {
       "                              (tcp) or the inherited UCX_* (ucx); --iters: transfers\n"
       "                              per rep (default: >= 256 MiB and >= 10 windows)\n"
       "  --window W                  --stream: requests in flight (default 64)\n"
+      "  --slots S                   --stream: transfer k uses block slot k %% S of both\n"
+      "                              buffers (default: the window). ucx_perftest puts one\n"
+      "                              buffer; --slots 1 gives hixl the same working set\n"
       "  --no-cma                    shm: skip the cross-memory attach reference. By default\n"
       "                              every shm row (any --mem) also times a bare\n"
       "                              process_vm_writev/readv of the same bytes from this\n"
@@ -185,6 +188,8 @@ Options ParseArgs(int argc, char** argv) {
       o.stream = true;
     else if (a == "--window")
       o.window = ParseCount(value(), 1, 65536);
+    else if (a == "--slots")
+      o.slots = ParseCount(value(), 1, 65536);
     else if (a == "--max-total")
       o.max_total = ParseSize(value());
     else if (a == "--region-size")

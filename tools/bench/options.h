@@ -35,6 +35,7 @@ struct Options {
   bool cma = true;       // shm rows: the bare process_vm_writev/readv leg
   bool stream = false;   // --stream: async single-block transfers, a window in flight
   uint64_t window = 64;  // --window: requests in flight in --stream
+  uint64_t slots = 0;    // --slots: blocks the stream cycles through (0: the window)
   uint64_t max_total = 256 * MiB;
   uint64_t region_size = 256 * MiB;
   uint64_t baseline_min_part = 1 * MiB;  // 0: always split the memcpy into T parts

@@ -1,7 +1,7 @@
 // --stream: many small async transfers in flight, the way a KV producer
 // streams blocks. Transfer k moves one block between slot k % S of the local
-// buffer and slot k % S of the target's region (S = StreamSlots: the window,
-// fewer when the region cannot hold that many blocks). Up to --window
+// buffer and slot k % S of the target's region (S = StreamSlots: --slots or
+// else the window, fewer when the region cannot hold that many blocks). Up to --window
 // requests are posted and not yet reaped; the oldest is reaped first
 // (GetTransferStatus on it until it ends, then the next is posted), as a
 // caller that needs its blocks in order would. p50/p99 are post-to-reaped
@@ -13,7 +13,7 @@
 // ucp_get) with the same message size and count and -O window outstanding,
 // under UCX_TLS=posix,cma,self for --transport shm (tcp,self for tcp; ucx:
 // the inherited UCX_* settings). perftest puts into a single buffer, so its
-// working set is one block; ours is S blocks.
+// working set is one block; ours is S blocks (--slots 1: the same as its).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -26,7 +26,7 @@ namespace hixl_bench {
 
 uint64_t StreamSlots(const Options& o, uint64_t block) {
   const uint64_t room = std::min(o.region_size, o.max_total) / block;
-  return std::max<uint64_t>(1, std::min<uint64_t>(o.window, room));
+  return std::max<uint64_t>(1, std::min<uint64_t>(o.slots > 0 ? o.slots : o.window, room));
 }
 
 namespace {
@@ -164,6 +164,7 @@ Measurement MeasureStream(Context& c, hixl::TransferOp op, uint64_t block, uint6
   m.threads = c.threads;
   m.iters = transfers;
   m.window = o.window;
+  m.slots = slots;
   m.tps = Median(tps);
   m.gbps = Median(gbps);
   m.avg_us = Median(avg_us);
