@@ -699,6 +699,82 @@ TEST_P(FailureTest, MaxPeersEvictsTheLeastRecentlyUsedIdleLink) {
   EXPECT_EQ(p[1]->Hash("m", 0, n), src.HashHex());
 }
 
+// Transfers find their peer in the calling thread's peer cache, without
+// the peer table's lock; eviction must still see each of them (a peer with a
+// transfer running is never evicted) or be seen by it (a transfer that
+// starts on an evicted peer backs off and reports NOT_CONNECTED). One thread
+// streams small writes to p0 while the main thread connects to other peers
+// with MaxPeers=1: each Connect evicts p0 if it is idle at that instant and
+// is refused (RESOURCE_EXHAUSTED) if a write is running. Every write ends OK
+// or NOT_CONNECTED, and once NOT_CONNECTED (no AutoConnect) stays so;
+// whatever ended OK landed.
+TEST_P(FailureTest, MaxPeersEvictionRacesCachedTransfers) {
+  PeerProcess* p[3];
+  uintptr_t r[3];
+  const size_t n = 4 * kKiB;
+  for (int i = 0; i < 3; ++i) {
+    p[i] = StartPeer();
+    ASSERT_NE(p[i], nullptr);
+    r[i] = p[i]->Alloc("m", n);
+    ASSERT_NE(r[i], 0u);
+  }
+  HIXL_ASSERT_OK(Init(engine_, {{opt::kMaxPeers, "1"}, {opt::kPeersLowWater, "0"}}));
+  ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *p[0]));
+  Buffer src(n);
+  hixl_test::FillPattern(src.data(), n, 9);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, gone{0}, other{0}, back{0};
+  std::string first_other;
+  std::thread writer([&] {
+    bool lost = false;
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (!stop.load() && Clock::now() < until) {
+      Status s = Write(engine_, *p[0], src.addr(), r[0], n, 5000);
+      if (s.ok()) {
+        ++ok;
+        if (lost) ++back;  // a NOT_CONNECTED peer came back by itself
+      } else if (s.code() == StatusCode::kNotConnected) {
+        ++gone;
+        lost = true;
+      } else if (other++ == 0) {
+        first_other = s.ToString();
+      }
+    }
+  });
+  ASSERT_TRUE(PollUntil([&] { return ok.load() > 0 || other.load() > 0; }, 10000));
+  // Links to p1 and p2 in turn until p0 is gone (or 200 tries).
+  int refused = 0, made = 0;
+  for (int round = 0; round < 200 && gone.load() == 0; ++round) {
+    PeerProcess& q = *p[1 + round % 2];
+    Status s = engine_.Connect(q.engine(), kConnectMs);
+    if (s.ok()) {
+      ++made;
+    } else if (s.code() == StatusCode::kResourceExhausted) {
+      ++refused;
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kAlreadyConnected) << s.ToString();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  stop = true;
+  writer.join();
+  EXPECT_EQ(other.load(), 0) << first_other;
+  EXPECT_EQ(back.load(), 0) << "an evicted peer served a transfer again without a Connect";
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(p[0]->Hash("m", 0, n), src.HashHex());
+  RecordProperty("connects_made", made);
+  RecordProperty("connects_refused", refused);
+  if (made > 0) {
+    EXPECT_GT(gone.load(), 0) << "a Connect evicted p0 but its writes went on";
+  }
+  if (gone.load() == 0) {
+    EXPECT_EQ(GetCs(engine_, p[0]->engine()), ConnectStatus::CONNECTED);
+  } else {
+    EXPECT_EQ(GetCs(engine_, p[0]->engine()), ConnectStatus::NOT_CONNECTED);
+  }
+}
+
 TEST_F(TcpFailureTest, MaxPeersNeverEvictsBusyLinks) {
   PeerProcess* p[3];
   uintptr_t r[3];

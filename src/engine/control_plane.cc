@@ -317,7 +317,9 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     uint64_t seq = 0;
     std::vector<uint64_t> ids;
     if (Status s = control::DecodeRegionDel(m, seq, ids); !s.ok()) return s;
-    revokes_.push_back(Revoke{c.id, seq, c.peer->regions.Remove(ids)});
+    Revoke r{c.id, seq, {}};
+    for (auto& region : c.peer->regions.Remove(ids)) r.regions.emplace_back(region);
+    revokes_.push_back(std::move(r));  // the table's references are gone here
     CheckRevokes();
     return Status::Ok();
   }
@@ -349,13 +351,14 @@ void Hixl::Impl::TightenTick(int hb_ms) {
 void Hixl::Impl::CheckRevokes() {
   for (auto it = revokes_.begin(); it != revokes_.end();) {
     bool idle = true;
-    for (const auto& r : it->regions) {
-      idle = idle && r->users.load(std::memory_order_acquire) == 0;
-    }
+    for (const auto& r : it->regions) idle = idle && r.expired();
     auto conn = conns_.find(it->conn_id);
     if (conn == conns_.end()) {
       it = revokes_.erase(it);
     } else if (idle) {
+      // The last transfer's release of a region (its reference count's
+      // decrement) happens before the acknowledgement.
+      std::atomic_thread_fence(std::memory_order_acquire);
       Send(*conn->second, control::EncodeRegionDelAck(it->seq));
       it = revokes_.erase(it);
     } else {

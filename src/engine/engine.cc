@@ -485,7 +485,8 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
       return Status::ParamInvalid("notification name and message are limited to 1024 bytes each");
     }
   }
-  if (Status s = AcquirePeer(remote, deadline, peer); !s.ok()) return s;
+  memory::RegionHint* hint = nullptr;
+  if (Status s = AcquirePeer(remote, deadline, peer, &hint); !s.ok()) return s;
   // AcquirePeer counted one activity on the peer: the caller releases it
   // (or the transfer it makes), this guard on a failure here.
   struct ActiveGuard {
@@ -500,7 +501,7 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
         std::to_string(args.remote_generation) + " but the peer now runs generation " +
         std::to_string(peer->generation) + " (it restarted; its old addresses are stale)");
   }
-  if (Status s = peer->regions.Resolve(op, descs, slices, pins); !s.ok()) {
+  if (Status s = peer->regions.Resolve(op, descs, slices, pins, hint); !s.ok()) {
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
   active.n = nullptr;  // the caller's now

@@ -101,6 +101,9 @@ class Hixl::Impl {
     std::unique_ptr<transport::Channel> channel;
     const char* channel_transport = nullptr;  // the transport that made channel (its name)
     std::atomic<bool> alive{true};
+    // Set while MaxPeers eviction decides on the peer (peers_mu_ held): a
+    // thread taking it from its peer cache backs off (AcquirePeer).
+    std::atomic<bool> evicting{false};
     std::atomic<uint64_t> conn_id{0};   // its control connection (set on the loop)
     std::shared_ptr<Tx> tx;             // its control connection's sending half (set before use)
     std::atomic<int> active{0};         // transfers and notifications in flight
@@ -156,10 +159,12 @@ class Hixl::Impl {
     ConnectStatus state = ConnectStatus::CONNECTING;
     Status reason;
   };
+  // A peer's removal of regions, acknowledged once no transfer references
+  // any of them (each weak reference has expired).
   struct Revoke {
     uint64_t conn_id;
     uint64_t seq;
-    std::vector<memory::RegionRef> regions;
+    std::vector<std::weak_ptr<memory::RemoteRegion>> regions;
   };
   struct DeregWait {
     bool sent = false;
@@ -171,11 +176,27 @@ class Hixl::Impl {
     MemHandle handle = 0;
   };
 
+  // One of a thread's recent peers (AcquirePeer): found again without the
+  // peer table's lock, with the region the thread last resolved against.
+  // Weak references: a cache keeps nothing alive.
+  struct PeerCacheEntry {
+    const Impl* engine = nullptr;
+    uint64_t serial = 0;  // the engine's (an address may be reused)
+    std::string remote;   // as the caller named it
+    std::weak_ptr<Peer> peer;
+    memory::RegionHint region;
+  };
+  static constexpr size_t kPeerCacheSize = 4;
+  static PeerCacheEntry* ThreadPeerCache();  // kPeerCacheSize entries
+
   Status CheckInitialized() const;
   std::shared_ptr<Peer> FindPeer(const std::string& remote) const;
   // Finds (or with AutoConnect, connects) the peer and counts one activity on
-  // it (Peer::active) so it is not evicted; the caller releases it.
-  Status AcquirePeer(const std::string& remote, net::Deadline deadline, std::shared_ptr<Peer>& out);
+  // it (Peer::active) so it is not evicted; the caller releases it. hint
+  // (optional) gets the calling thread's region hint for that peer, valid
+  // until this thread's next AcquirePeer.
+  Status AcquirePeer(const std::string& remote, net::Deadline deadline, std::shared_ptr<Peer>& out,
+                     memory::RegionHint** hint = nullptr);
   // Checks a transfer's arguments, acquires its peer (one activity counted)
   // and resolves the descriptors against the peer's regions into slices and
   // pins (RemoteRegionTable::Resolve). On success the caller owns the count
@@ -248,6 +269,8 @@ class Hixl::Impl {
   Status HandleNotify(Conn& c, const wire::Msg& m);
 
   Options opts_;
+  const uint64_t serial_ = NextSerial();
+  static uint64_t NextSerial();
   std::atomic<bool> initialized_{false};
   std::string local_engine_;
   bool listening_ = false;

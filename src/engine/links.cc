@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "common/host.h"
@@ -19,6 +20,17 @@ namespace {
 // time on every transfer, and never ties).
 std::atomic<int64_t> g_use_clock{0};
 int64_t UseTick() { return g_use_clock.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+// Marks p as used now. A peer that took the last tick is the most recently
+// used already: a stream to one peer does not touch the shared clock.
+template <typename P>
+void Touch(P& p) {
+  if (p.last_used.load(std::memory_order_relaxed) != g_use_clock.load(std::memory_order_relaxed)) {
+    p.last_used.store(UseTick(), std::memory_order_relaxed);
+  }
+}
+
+std::atomic<uint64_t> g_engine_serial{0};
 
 // Canonical "ip:port" of a remote engine string, or the string itself.
 std::string PeerKey(const std::string& remote) {
@@ -155,7 +167,7 @@ void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionD
 
 std::shared_ptr<const void> Hixl::Impl::ActiveToken(const std::shared_ptr<Peer>& p) {
   return std::shared_ptr<const void>(p.get(), [p](const void*) {
-    p->last_used.store(UseTick(), std::memory_order_relaxed);
+    Touch(*p);
     p->active.fetch_sub(1, std::memory_order_acq_rel);
   });
 }
@@ -174,6 +186,13 @@ Status Hixl::Impl::MakeRoomLocked(std::vector<std::shared_ptr<Peer>>& evicted) {
   });
   for (auto& p : idle) {
     if (peers_.size() + connecting_.size() <= opts_.low_water) break;
+    // A thread may be taking p from its peer cache (AcquirePeer) without
+    // peers_mu_: it counts itself active, then looks at evicting.
+    p->evicting.store(true, std::memory_order_seq_cst);
+    if (p->active.load(std::memory_order_seq_cst) != 0) {
+      p->evicting.store(false, std::memory_order_seq_cst);
+      continue;
+    }
     peers_.erase(p->name);
     p->alive.store(false, std::memory_order_release);
     evicted.push_back(std::move(p));
@@ -426,8 +445,42 @@ std::shared_ptr<Hixl::Impl::Peer> Hixl::Impl::FindPeer(const std::string& remote
   return it->second;
 }
 
+uint64_t Hixl::Impl::NextSerial() {
+  return g_engine_serial.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+Hixl::Impl::PeerCacheEntry* Hixl::Impl::ThreadPeerCache() {
+  thread_local std::array<PeerCacheEntry, kPeerCacheSize> cache;
+  return cache.data();
+}
+
 Status Hixl::Impl::AcquirePeer(const std::string& remote, net::Deadline deadline,
-                               std::shared_ptr<Peer>& out) {
+                               std::shared_ptr<Peer>& out, memory::RegionHint** hint) {
+  PeerCacheEntry* cache = ThreadPeerCache();
+  PeerCacheEntry* entry = nullptr;
+  for (size_t i = 0; i < kPeerCacheSize; ++i) {
+    PeerCacheEntry& e = cache[i];
+    if (e.engine == this && e.serial == serial_ && e.remote == remote) {
+      entry = &e;
+      break;
+    }
+  }
+  if (entry != nullptr) {
+    // The thread's own recent peer: counted active first, then checked, so
+    // that MaxPeers eviction (which marks evicting, then looks at active)
+    // either sees this transfer or is seen by it.
+    if (std::shared_ptr<Peer> p = entry->peer.lock()) {
+      p->active.fetch_add(1, std::memory_order_seq_cst);
+      if (p->alive.load(std::memory_order_seq_cst) &&
+          !p->evicting.load(std::memory_order_seq_cst)) {
+        Touch(*p);
+        out = std::move(p);
+        if (hint != nullptr) *hint = &entry->region;
+        return Status::Ok();
+      }
+      p->active.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
   // A live peer under key: counted as active (released with the transfer).
   auto take = [&](const std::string& key) {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -435,16 +488,37 @@ Status Hixl::Impl::AcquirePeer(const std::string& remote, net::Deadline deadline
     if (it == peers_.end() || !it->second->alive.load(std::memory_order_acquire)) return false;
     out = it->second;
     out->active.fetch_add(1, std::memory_order_acq_rel);
-    out->last_used.store(UseTick(), std::memory_order_relaxed);
+    Touch(*out);
     return true;
+  };
+  // Remembers the peer for this thread's next transfer to remote.
+  auto remember = [&] {
+    if (entry == nullptr) {
+      static thread_local size_t next = 0;
+      entry = &cache[next++ % kPeerCacheSize];
+      entry->engine = this;
+      entry->serial = serial_;
+      entry->remote = remote;
+    }
+    if (entry->peer.owner_before(out) || out.owner_before(entry->peer)) {
+      entry->peer = out;
+      entry->region.reset();  // another peer's
+    }
+    if (hint != nullptr) *hint = &entry->region;
   };
   // The common case first: remote is already the canonical key (as from
   // LocalEngine or a name), so no parsing is needed.
-  if (take(remote)) return Status::Ok();
+  if (take(remote)) {
+    remember();
+    return Status::Ok();
+  }
   const std::string key = PeerKey(remote);
   const auto give_up = std::min(deadline, net::DeadlineAfterMs(opts_.connect_timeout_ms));
   for (;;) {
-    if (take(key)) return Status::Ok();
+    if (take(key)) {
+      remember();
+      return Status::Ok();
+    }
     if (!opts_.auto_connect) {
       return Status::NotConnected("not connected to " + remote + " (call Connect first)");
     }

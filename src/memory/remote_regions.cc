@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <string>
 
 namespace hixl::memory {
@@ -31,6 +32,7 @@ std::vector<RegionRef> RemoteRegionTable::Remove(const std::vector<uint64_t>& id
     if (it == by_id_.end()) continue;
     auto node = by_addr_.extract(it->second);
     by_id_.erase(it);
+    node.mapped()->revoked.store(true, std::memory_order_release);
     out.push_back(std::move(node.mapped()));
   }
   return out;
@@ -39,7 +41,10 @@ std::vector<RegionRef> RemoteRegionTable::Remove(const std::vector<uint64_t>& id
 std::vector<RegionRef> RemoteRegionTable::RemoveAll() {
   std::vector<RegionRef> out;
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [addr, r] : by_addr_) out.push_back(std::move(r));
+  for (auto& [addr, r] : by_addr_) {
+    r->revoked.store(true, std::memory_order_release);
+    out.push_back(std::move(r));
+  }
   by_addr_.clear();
   by_id_.clear();
   return out;
@@ -50,14 +55,53 @@ size_t RemoteRegionTable::size() const {
   return by_id_.size();
 }
 
+namespace {
+
+Status BadDesc(size_t i, const TransferOpDesc& d, const std::string& why) {
+  return Status::ParamInvalid(
+      "descriptor " + std::to_string(i) + " (local " + std::to_string(d.local_addr) + ", remote " +
+      std::to_string(d.remote_addr) + ", len " + std::to_string(d.len) + "): " + why);
+}
+
+// What descriptor i must satisfy before any region is looked at.
+Status CheckAlone(size_t i, const TransferOpDesc& d) {
+  if (d.len == 0) return BadDesc(i, d, "length is 0");
+  if (d.local_addr == 0) return BadDesc(i, d, "local address is null");
+  if (d.local_addr + d.len < d.local_addr) return BadDesc(i, d, "local range wraps around");
+  if (d.remote_addr + d.len < d.remote_addr) return BadDesc(i, d, "remote range wraps around");
+  return Status::Ok();
+}
+
+bool StartsIn(const TransferOpDesc& d, const RemoteRegion& r) {
+  return d.remote_addr >= r.addr && d.remote_addr - r.addr < r.len;
+}
+
+// What descriptor i, which starts inside r, must satisfy against r.
+Status CheckIn(size_t i, const TransferOpDesc& d, const RemoteRegion& r, TransferOp op) {
+  if (d.len > r.len - (d.remote_addr - r.addr)) {
+    return BadDesc(i, d,
+                   "range runs past the end of peer region " + std::to_string(r.id) + " (" +
+                       std::to_string(r.addr) + " +" + std::to_string(r.len) + ")");
+  }
+  const uint32_t need = op == TransferOp::WRITE ? MEM_PERM_WRITE : MEM_PERM_READ;
+  if ((r.perms & need) == 0) {
+    return BadDesc(i, d,
+                   std::string("peer region ") + std::to_string(r.id) + " does not permit " +
+                       (op == TransferOp::WRITE ? "WRITE" : "READ"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
-                                  std::vector<Slice>& slices, std::vector<RegionRef>& pinned) const {
+                                  std::vector<Slice>& slices, std::vector<RegionRef>& pinned,
+                                  RegionHint* hint) const {
   std::vector<Slice>& out = slices;
   std::vector<RegionRef>& pins = pinned;
   out.clear();
   pins.clear();
   if (descs.empty()) return Status::ParamInvalid("descriptor list is empty");
-  const uint32_t need = op == TransferOp::WRITE ? MEM_PERM_WRITE : MEM_PERM_READ;
   out.reserve(descs.size());
   struct Undo {
     std::vector<Slice>& out;
@@ -69,29 +113,39 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
       pins.clear();
     }
   } undo{out, pins};
+  // The thread's last region, when it holds every descriptor: no lock. A
+  // region still referenced is not yet acknowledged as removed, so the
+  // peer's memory behind it is valid for as long as this transfer pins it;
+  // one marked revoked takes no new transfer.
+  if (hint != nullptr) {
+    RegionRef r = hint->lock();
+    if (r && !r->revoked.load(std::memory_order_acquire) &&
+        std::all_of(descs.begin(), descs.end(),
+                    [&](const TransferOpDesc& d) { return StartsIn(d, *r); })) {
+      for (size_t i = 0; i < descs.size(); ++i) {
+        const TransferOpDesc& d = descs[i];
+        if (Status s = CheckAlone(i, d); !s.ok()) return s;
+        if (Status s = CheckIn(i, d, *r, op); !s.ok()) return s;
+        out.push_back(Slice{d.local_addr, d.remote_addr, d.len, r.get()});
+      }
+      pins.push_back(std::move(r));
+      undo.armed = false;
+      return Status::Ok();
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const RemoteRegion* last = nullptr;
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
-    auto bad = [&](const std::string& why) {
-      return Status::ParamInvalid("descriptor " + std::to_string(i) + " (local " +
-                                  std::to_string(d.local_addr) + ", remote " +
-                                  std::to_string(d.remote_addr) + ", len " + std::to_string(d.len) +
-                                  "): " + why);
-    };
-    if (d.len == 0) return bad("length is 0");
-    if (d.local_addr == 0) return bad("local address is null");
-    if (d.local_addr + d.len < d.local_addr) return bad("local range wraps around");
-    if (d.remote_addr + d.len < d.remote_addr) return bad("remote range wraps around");
+    if (Status s = CheckAlone(i, d); !s.ok()) return s;
     const RemoteRegion* r = last;
-    if (r == nullptr || d.remote_addr < r->addr || d.remote_addr - r->addr >= r->len) {
+    if (r == nullptr || !StartsIn(d, *r)) {
       auto it = by_addr_.upper_bound(d.remote_addr);
-      if (it == by_addr_.begin()) return bad("remote address is not inside any region the peer registered");
+      if (it == by_addr_.begin() || !StartsIn(d, *std::prev(it)->second)) {
+        return BadDesc(i, d, "remote address is not inside any region the peer registered");
+      }
       const RegionRef& ref = std::prev(it)->second;
       r = ref.get();
-      if (d.remote_addr - r->addr >= r->len) {
-        return bad("remote address is not inside any region the peer registered");
-      }
       if (r != last) {
         bool have = false;
         for (const auto& p : pins) have = have || p.get() == r;
@@ -99,24 +153,12 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
       }
       last = r;
     }
-    if (d.len > r->len - (d.remote_addr - r->addr)) {
-      return bad("range runs past the end of peer region " + std::to_string(r->id) + " (" +
-                 std::to_string(r->addr) + " +" + std::to_string(r->len) + ")");
-    }
-    if ((r->perms & need) == 0) {
-      return bad(std::string("peer region ") + std::to_string(r->id) + " does not permit " +
-                 (op == TransferOp::WRITE ? "WRITE" : "READ"));
-    }
+    if (Status s = CheckIn(i, d, *r, op); !s.ok()) return s;
     out.push_back(Slice{d.local_addr, d.remote_addr, d.len, const_cast<RemoteRegion*>(r)});
   }
-  for (auto& p : pins) p->users.fetch_add(1, std::memory_order_acq_rel);
+  if (hint != nullptr && pins.size() == 1) *hint = pins[0];
   undo.armed = false;
   return Status::Ok();
-}
-
-void Unpin(std::vector<RegionRef>& pinned) {
-  for (auto& p : pinned) p->users.fetch_sub(1, std::memory_order_acq_rel);
-  pinned.clear();
 }
 
 }  // namespace hixl::memory

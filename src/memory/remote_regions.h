@@ -1,12 +1,14 @@
 // What an initiator knows of one peer's registered regions, and the check of
 // transfer descriptors against them.
 //
-// A RemoteRegion is pinned (users > 0) by every transfer validated against
-// it until that transfer ends; the peer's removal of a region is
-// acknowledged only once it is unpinned, which is how DeregisterMem on the
-// peer knows no transfer still touches it.
+// A RemoteRegion is pinned by every transfer validated against it: the
+// transfer holds a reference (RegionRef) until it ends. The peer's removal of
+// a region takes it out of the table and marks it revoked (no new transfer
+// resolves against it); the removal is acknowledged only once the last
+// reference is gone (a weak_ptr to it has expired), which is how
+// DeregisterMem on the peer knows no transfer still touches it.
 // Thread safety: RemoteRegionTable is thread-safe; a RemoteRegion's fields
-// are immutable once it is in a table, except users.
+// are immutable once it is in a table, except revoked.
 #ifndef HIXL_MEMORY_REMOTE_REGIONS_H_
 #define HIXL_MEMORY_REMOTE_REGIONS_H_
 
@@ -47,10 +49,14 @@ struct RemoteRegion {
   // the region (UCX: the unpacked remote key), released with the region.
   std::shared_ptr<void> transport_state;
 
-  std::atomic<int64_t> users{0};
+  // Set when the peer removed the region (RemoteRegionTable::Remove).
+  std::atomic<bool> revoked{false};
 };
 
 using RegionRef = std::shared_ptr<RemoteRegion>;
+// A region a thread resolved against last, for the next transfer's quick
+// check (RemoteRegionTable::Resolve); it does not keep the region alive.
+using RegionHint = std::weak_ptr<RemoteRegion>;
 
 // One piece of a transfer: len bytes between local and remote.
 struct Slice {
@@ -65,7 +71,8 @@ class RemoteRegionTable {
   // Adds r unless a region with its id is known (returns false then).
   bool Insert(RegionRef r);
   bool Contains(uint64_t id) const;
-  // Removes the named regions (unknown ids are skipped) and returns them.
+  // Removes the named regions (unknown ids are skipped), marks them revoked
+  // and returns them.
   std::vector<RegionRef> Remove(const std::vector<uint64_t>& ids);
   std::vector<RegionRef> RemoveAll();
   size_t size() const;
@@ -75,8 +82,14 @@ class RemoteRegionTable {
   // and pins each region used; on failure both are left empty and nothing
   // is pinned. Their storage is reused (a caller may keep the vectors
   // between transfers); pinned must hold no pins on entry.
+  //
+  // hint (optional, one per thread and table): when every descriptor lies
+  // in the region it names and that region is not revoked, the descriptors
+  // are checked against it without the table's lock; a transfer resolved
+  // against exactly one region leaves that region in *hint.
   Status Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
-                 std::vector<Slice>& slices, std::vector<RegionRef>& pinned) const;
+                 std::vector<Slice>& slices, std::vector<RegionRef>& pinned,
+                 RegionHint* hint = nullptr) const;
 
  private:
   mutable std::mutex mu_;
@@ -85,7 +98,7 @@ class RemoteRegionTable {
 };
 
 // Drops the pins Resolve took.
-void Unpin(std::vector<RegionRef>& pinned);
+inline void Unpin(std::vector<RegionRef>& pinned) { pinned.clear(); }
 
 }  // namespace hixl::memory
 

@@ -75,10 +75,10 @@ class ResolveTest : public ::testing::Test {
     table.Insert(std::make_shared<memory::RemoteRegion>(2, 0x101000, 0x1000, MEM_PERM_READ, false));
     table.Insert(std::make_shared<memory::RemoteRegion>(3, 0x200000, 0x1000, MEM_PERM_WRITE, false));
   }
-  Status Try(TransferOp op, std::vector<TransferOpDesc> d) {
+  Status Try(TransferOp op, std::vector<TransferOpDesc> d, memory::RegionHint* hint = nullptr) {
     slices.clear();
     pins.clear();
-    return table.Resolve(op, d, slices, pins);
+    return table.Resolve(op, d, slices, pins, hint);
   }
   memory::RemoteRegionTable table;
   std::vector<memory::Slice> slices;
@@ -89,11 +89,67 @@ TEST_F(ResolveTest, AcceptsDescriptorsInsideRegionsAndPinsThem) {
   ASSERT_TRUE(Try(TransferOp::WRITE, {{1, 0x100000, 0x1000}, {1, 0x100010, 16}, {1, 0x200ff0, 16}}).ok());
   EXPECT_EQ(slices.size(), 3u);
   EXPECT_EQ(pins.size(), 2u);
-  for (auto& p : pins) EXPECT_EQ(p->users.load(), 1);
+  for (auto& p : pins) EXPECT_EQ(p.use_count(), 2);  // the table's and the pin
   memory::Unpin(pins);
   auto removed = table.Remove({1, 3});
   ASSERT_EQ(removed.size(), 2u);
-  for (auto& r : removed) EXPECT_EQ(r->users.load(), 0);
+  for (auto& r : removed) {
+    EXPECT_EQ(r.use_count(), 1);
+    EXPECT_TRUE(r->revoked.load());
+  }
+}
+
+// The hint resolves without the table when it holds every descriptor, with
+// the same checks; it keeps nothing alive and takes no transfer once the
+// region is revoked.
+TEST_F(ResolveTest, HintResolvesTheSameWayAndStopsAtRevocation) {
+  memory::RegionHint hint;
+  ASSERT_TRUE(Try(TransferOp::WRITE, {{1, 0x100000, 0x1000}}, &hint).ok());
+  ASSERT_FALSE(hint.expired());
+  EXPECT_EQ(hint.lock()->id, 1u);
+  EXPECT_EQ(hint.use_count(), 2);  // table + pin: the hint is weak
+  memory::Unpin(pins);
+  // Through the hint: the same results and errors as through the table.
+  ASSERT_TRUE(Try(TransferOp::WRITE, {{1, 0x100800, 0x800}, {2, 0x100000, 16}}, &hint).ok());
+  ASSERT_EQ(slices.size(), 2u);
+  EXPECT_EQ(slices[1].region->id, 1u);
+  ASSERT_EQ(pins.size(), 1u);
+  for (const auto& bad : std::vector<std::vector<TransferOpDesc>>{
+           {{1, 0x100ff8, 16}},                           // runs into region 2
+           {{1, 0x100000, 0}},                            // zero length
+           {{0, 0x100000, 8}},                            // null local
+           {{UINTPTR_MAX - 10, 0x100000, 100}},           // local wraps
+           {{1, 0x100000, 8}, {1, 0x100000, 0x2000}}}) {  // the second runs past
+    memory::RegionHint none;
+    Status plain = Try(TransferOp::WRITE, bad, &none);
+    Status hinted = Try(TransferOp::WRITE, bad, &hint);
+    EXPECT_EQ(hinted.code(), StatusCode::kParamInvalid);
+    EXPECT_EQ(hinted.message(), plain.message());
+    EXPECT_TRUE(slices.empty());
+    EXPECT_TRUE(pins.empty());
+  }
+  // Region 2 is read-only: the hint moves to it only for a READ.
+  EXPECT_FALSE(Try(TransferOp::WRITE, {{1, 0x101000, 8}}, &hint).ok());
+  EXPECT_EQ(hint.lock()->id, 1u);
+  ASSERT_TRUE(Try(TransferOp::READ, {{1, 0x101000, 8}}, &hint).ok());
+  EXPECT_EQ(hint.lock()->id, 2u);
+  // A transfer over two regions leaves the hint as it was.
+  ASSERT_TRUE(Try(TransferOp::WRITE, {{1, 0x100000, 8}, {1, 0x200000, 8}}, &hint).ok());
+  EXPECT_EQ(hint.lock()->id, 2u);
+  memory::Unpin(pins);
+  // Revoked while the hint still names it (and a transfer still pins it):
+  // no new transfer resolves against it.
+  ASSERT_TRUE(Try(TransferOp::READ, {{1, 0x101000, 8}}, &hint).ok());
+  std::vector<memory::RegionRef> held = pins;
+  auto removed = table.Remove({2});
+  ASSERT_EQ(removed.size(), 1u);
+  removed.clear();
+  EXPECT_FALSE(hint.expired());  // the held pin keeps it
+  Status s = Try(TransferOp::READ, {{1, 0x101000, 8}}, &hint);
+  EXPECT_EQ(s.code(), StatusCode::kParamInvalid);
+  EXPECT_NE(s.message().find("not inside any region"), std::string::npos) << s.message();
+  held.clear();
+  EXPECT_TRUE(hint.expired());  // the last pin was the last reference
 }
 
 TEST_F(ResolveTest, RejectsBadDescriptorsAndPinsNothing) {
@@ -112,7 +168,7 @@ TEST_F(ResolveTest, RejectsBadDescriptorsAndPinsNothing) {
   EXPECT_NE(s.message().find("descriptor 2"), std::string::npos) << s.message();
   EXPECT_TRUE(slices.empty());
   auto all = table.RemoveAll();
-  for (auto& r : all) EXPECT_EQ(r->users.load(), 0) << "region " << r->id;
+  for (auto& r : all) EXPECT_EQ(r.use_count(), 1) << "region " << r->id;
 }
 
 }  // namespace
