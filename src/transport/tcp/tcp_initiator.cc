@@ -425,6 +425,15 @@ void TcpChannel::Close(net::Deadline drain_until) {
     l->Drain(Status::NotConnected("link to " + engine_ + " was closed"), drain_until);
 }
 
+namespace {
+// A number for the calling thread, given out in turn on first use.
+size_t ThreadOrdinal() {
+  static std::atomic<size_t> next{0};
+  thread_local const size_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine;
+}
+}  // namespace
+
 void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   const size_t slice = std::clamp<size_t>(static_cast<size_t>(ctx_.Setting(options::kTcpSliceSize)), 4096, kMaxSlice);
   size_t count = 0;
@@ -437,9 +446,14 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   }
   // Lanes take consecutive runs of pieces (lane k the k-th 1/L of them), so
   // each lane's pieces go out in few sends and are answered in few reads; a
-  // transfer smaller than two slices uses one lane (the next in turn).
-  const size_t first = rr_.fetch_add(1) % lanes_.size();
+  // transfer smaller than two slices uses one lane. That is the next in turn,
+  // except for a caller that waits: it keeps to its own lane (by thread), so
+  // that back-to-back transfers find the target's I/O thread for that lane
+  // still polling; alternating lanes would meet a thread that fell asleep
+  // after its last turn, and waking it costs more than the round trip here.
   const size_t use = t->bytes() < 2 * slice ? 1 : std::min(lanes_.size(), count);
+  const size_t first =
+      (use == 1 && caller_waits ? ThreadOrdinal() : rr_.fetch_add(1)) % lanes_.size();
   std::vector<std::vector<Piece>> per_lane(lanes_.size());
   const uint8_t op = t->op == TransferOp::WRITE ? kOpWrite : kOpRead;
   size_t index = 0;
