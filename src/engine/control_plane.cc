@@ -301,16 +301,23 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     std::string why;
     if (Status s = control::DecodeNotifyAck(m, seq, code, why); !s.ok()) return s;
     std::function<void(Status)> done;
+    std::function<void()> answered;
     {
       std::lock_guard<std::mutex> lock(pending_mu_);
       auto it = pending_notifies_.find(seq);
-      if (it == pending_notifies_.end() || it->second.tx != c.tx) return Status::Ok();  // timed out
-      done = std::move(it->second.done);
+      if (it == pending_notifies_.end() || it->second.tx != c.tx || it->second.fence) {
+        return Status::Ok();
+      }
+      done = std::move(it->second.done);  // empty when it already reported TIMEOUT
+      answered = std::move(it->second.answered);
       pending_notifies_.erase(it);
     }
-    done(code == 0 ? Status::Ok()
-                   : Status(static_cast<StatusCode>(code),
-                            c.peer_name + " refused the notification: " + why));
+    if (answered) answered();
+    if (done) {
+      done(code == 0 ? Status::Ok()
+                     : Status(static_cast<StatusCode>(code),
+                              c.peer_name + " refused the notification: " + why));
+    }
     return Status::Ok();
   }
   if (type == "rdel") {
@@ -401,11 +408,18 @@ void Hixl::Impl::OnTick() {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
-      if (now >= it->second.deadline) {
-        late.push_back(std::move(it->second.done));
-        it = pending_notifies_.erase(it);
-      } else {
+      if (now < it->second.deadline) {
         ++it;
+        continue;
+      }
+      late.push_back(std::move(it->second.done));
+      if (it->second.answered) {
+        // Reported now; kept until answered, so nothing overtakes its frame.
+        it->second.done = nullptr;
+        it->second.deadline = net::Deadline::max();
+        ++it;
+      } else {
+        it = pending_notifies_.erase(it);
       }
     }
   }

@@ -736,23 +736,26 @@ void Hixl::Impl::PostNotify(const std::shared_ptr<Peer>& peer, const NotifyDesc&
   peer->ctl_notifies.fetch_add(1, std::memory_order_acq_rel);
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
+    // ctl_notifies counts the frame until the target answered it (or the
+    // link closed), even when the caller was told TIMEOUT before that.
     pending_notifies_[seq] =
-        PendingNotify{tx, deadline, [peer, done = std::move(done)](Status s) {
-                        peer->ctl_notifies.fetch_sub(1, std::memory_order_acq_rel);
-                        done(std::move(s));
-                      }};
+        PendingNotify{tx, deadline, std::move(done), false,
+                      [peer] { peer->ctl_notifies.fetch_sub(1, std::memory_order_acq_rel); }};
   }
   bool sent = tx && peer->alive.load(std::memory_order_acquire) &&
               SendFrame(*tx, wire::EncodeFrame(control::EncodeNotify(seq, d.name, d.notify_msg)));
   if (sent) return;
   std::function<void(Status)> fail;  // unless the link's closing already failed it
+  std::function<void()> answered;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (auto it = pending_notifies_.find(seq); it != pending_notifies_.end()) {
       fail = std::move(it->second.done);
+      answered = std::move(it->second.answered);
       pending_notifies_.erase(it);
     }
   }
+  if (answered) answered();
   if (fail) fail(Status::NotConnected("link to " + peer->name + " was lost"));
 }
 
@@ -770,7 +773,7 @@ void Hixl::Impl::PostLaneFence(const std::shared_ptr<Peer>& peer, std::function<
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     pending_notifies_[seq] = PendingNotify{
-        tx, net::DeadlineAfterMs(opts_.hb_interval_ms * opts_.hb_misses), end, /*fence=*/true};
+        tx, net::DeadlineAfterMs(opts_.hb_interval_ms * opts_.hb_misses), end, /*fence=*/true, {}};
   }
   if (SendFrame(*tx, wire::EncodeFrame(control::EncodeLaneFence(seq)))) return;
   std::function<void(Status)> fail;
@@ -794,17 +797,20 @@ bool Hixl::Impl::FencePending(const Tx* tx) {
 
 void Hixl::Impl::FailPendingNotifies(const Tx* tx, const Status& why) {
   std::vector<std::function<void(Status)>> fail;
+  std::vector<std::function<void()>> answered;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     for (auto it = pending_notifies_.begin(); it != pending_notifies_.end();) {
       if (tx == nullptr || it->second.tx.get() == tx) {
-        fail.push_back(std::move(it->second.done));
+        if (it->second.done) fail.push_back(std::move(it->second.done));
+        if (it->second.answered) answered.push_back(std::move(it->second.answered));
         it = pending_notifies_.erase(it);
       } else {
         ++it;
       }
     }
   }
+  for (auto& a : answered) a();
   for (auto& f : fail) f(why);
 }
 

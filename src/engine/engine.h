@@ -149,11 +149,16 @@ class Hixl::Impl {
     net::Clock::time_point last_tx = net::Clock::now();
   };
   // A notification sent, waiting for the target's answer.
+  // One that passed its deadline has reported TIMEOUT (done is empty) but
+  // stays until the target answers or the link closes: its frame may still
+  // be delivered, and no later notification may overtake it (answered runs
+  // then).
   struct PendingNotify {
     std::shared_ptr<Tx> tx;  // the link it went out on
     net::Deadline deadline;
     std::function<void(Status)> done;
     bool fence = false;  // a lane fence (lfence) rather than a notification
+    std::function<void()> answered;  // once the frame is answered or its link gone
   };
   struct ConnectAttempt {
     ConnectStatus state = ConnectStatus::CONNECTING;
