@@ -125,15 +125,23 @@ void EventLoop::Run() {
   epoll_event events[64];
   auto next_tick = net::Clock::now() + std::chrono::milliseconds(tick_ms_);
   auto spin_until = net::Clock::time_point::min();  // poll without sleeping until then
+  bool in_window = false;  // spin_until was set by a window not yet reported
   for (;;) {
     const auto before = net::Clock::now();
     const bool spinning = before < spin_until;
+    if (in_window && !spinning) {
+      spin_budget_.Miss();  // the window ran out with nothing: poll less next time
+      in_window = false;
+    }
     int timeout = static_cast<int>(
         std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - before).count());
     if (timeout < 0 || spinning) timeout = 0;
     int n = epoll_wait(epoll_.get(), events, 64, timeout);
     if (n > 0 && spin_.count() > 0) {
-      spin_until = net::Clock::now() + spin_;
+      if (in_window) spin_budget_.Hit();  // found while polling: the window paid
+      const auto window = spin_budget_.Window(spin_);
+      spin_until = net::Clock::now() + window;
+      in_window = window.count() > 0;
     } else if (n == 0 && spinning) {
       sched_yield();  // let whatever else wants this CPU run between polls
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "common/spin_budget.h"
 
 namespace hixl {
 
@@ -32,8 +33,9 @@ class EventLoop {
 
   void SetTicker(std::function<void()> fn, int interval_ms);
   // Before Start: after a wake that handled events, keep polling (epoll_wait
-  // without sleeping, yielding the CPU between polls) for this long before
-  // sleeping again; 0 (default): sleep at once.
+  // without sleeping, yielding the CPU between polls) for up to this long
+  // before sleeping again, less while such polls keep finding nothing
+  // (SpinBudget); 0 (default): sleep at once.
   void SetSpin(std::chrono::microseconds spin) { spin_ = spin; }
   Status Start(const std::string& thread_name);
   // Runs the functions already posted, then stops and joins the thread.
@@ -78,6 +80,7 @@ class EventLoop {
   std::function<void()> ticker_;
   int tick_ms_ = 100;
   std::chrono::microseconds spin_{0};
+  SpinBudget spin_budget_;  // loop thread only
   std::chrono::milliseconds lateness_{0};
   std::chrono::milliseconds carried_late_{0};
 };

@@ -567,8 +567,10 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
   peer->channel->Submit(t, /*caller_waits=*/true);
   // A small transfer's answer (tcp, UCX) is usually microseconds away:
   // spinning for it, bounded, saves this thread a sleep and a wake-up, which
-  // cost more than the wait on one host.
-  if (!t->Done() && t->bytes() <= kSpinMaxBytes && opts_.poll_spin_us > 0) {
+  // cost more than the wait on one host. Not with a notification attached:
+  // its answer crosses both control threads, which need the core it would
+  // take.
+  if (!args.notify && !t->Done() && t->bytes() <= kSpinMaxBytes && opts_.poll_spin_us > 0) {
     t->SpinUntilDone(std::chrono::microseconds(opts_.poll_spin_us));
   }
   if (!t->WaitDone(deadline)) {

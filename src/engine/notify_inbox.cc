@@ -159,9 +159,12 @@ void NotifyInbox::SetCallback(NotifyCallback cb) {
 void NotifyInbox::Thread() {
   std::unique_lock<std::mutex> lock(mu_);
   auto spin_until = net::Clock::now();
+  bool in_window = false;  // polling since the last callback, not yet reported
   while (!stop_) {
     if (cb_) DrainAllLocked();
     if (cb_ && !q_.empty()) {
+      if (in_window) spin_budget_.Hit();
+      in_window = false;
       auto [conn, d] = std::move(q_.front());
       q_.pop_front();
       ReleaseLocked(conn, 1);
@@ -171,7 +174,10 @@ void NotifyInbox::Thread() {
       cb = nullptr;  // released before the lock is taken again
       // Notifications tend to come in runs: poll briefly for the next one
       // rather than sleep and be woken (bounded by PollSpinUs).
-      spin_until = net::Clock::now() + std::chrono::microseconds(spin_us_);
+      // Less while such polls keep finding nothing (SpinBudget).
+      const auto window = spin_budget_.Window(std::chrono::microseconds(spin_us_));
+      spin_until = net::Clock::now() + window;
+      in_window = window.count() > 0;
       lock.lock();
       continue;
     }
@@ -180,6 +186,10 @@ void NotifyInbox::Thread() {
       std::this_thread::yield();
       lock.lock();
       continue;
+    }
+    if (in_window) {
+      spin_budget_.Miss();
+      in_window = false;
     }
     // Sleep on the doorbell. Announce it first, then look once more: a
     // producer publishing meanwhile either is seen here or sees the flag.

@@ -16,7 +16,8 @@
 //   out grouped by link (earlier links first), each link in its order.
 //
 // The callback thread delivers one notification at a time; after one it
-// polls for PollSpinUs before it sleeps on the doorbells (its own eventfd,
+// polls for up to PollSpinUs (less while such polls keep finding nothing:
+// SpinBudget) before it sleeps on the doorbells (its own eventfd,
 // and each ring's), which a ring's producer rings only when it sees the
 // thread sleeping.
 //
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "common/spin_budget.h"
 #include "hixl/hixl.h"
 #include "transport/transport.h"
 
@@ -83,6 +85,7 @@ class NotifyInbox final : public transport::NotifySink {
 
   size_t depth_ = 4096;
   int spin_us_ = 0;
+  SpinBudget spin_budget_;  // the delivery thread only
   net::Fd bell_;  // eventfd: Push, CloseConn, SetCallback and Stop signal it
 
   std::mutex mu_;

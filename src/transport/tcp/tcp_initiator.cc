@@ -384,9 +384,11 @@ void ClientLane::ReceiveAsCaller(const Transfer& t, std::chrono::microseconds sp
     fd = fd_.get();
   }
   const auto start = net::Clock::now();
-  const auto spin_until = std::min<net::Deadline>(start + spin, deadline);
+  const auto window = caller_spin_.Window(spin);
+  const auto spin_until = std::min<net::Deadline>(start + window, deadline);
   const auto block_until = std::min<net::Deadline>(spin_until + kCallerReadFor, deadline);
   bool broke = false;
+  bool slept = false;  // the window ran out before the answer came
   for (;;) {
     Completions done;
     const bool readable = Receive(done, broke);
@@ -398,12 +400,20 @@ void ClientLane::ReceiveAsCaller(const Transfer& t, std::chrono::microseconds sp
       for (int i = 0; i < 16; ++i) CpuRelax();
       continue;
     }
+    slept = true;
     // The socket may be closed (and its number reused) by a failing lane
     // meanwhile: this only waits; Receive checks the lane before reading.
     const auto left = std::min<std::chrono::nanoseconds>(block_until - now, kCallerReadSlice);
     timespec ts{0, static_cast<long>(left.count())};
     pollfd p{fd, POLLIN | POLLRDHUP, 0};
     ::ppoll(&p, 1, &ts, nullptr);
+  }
+  if (window.count() > 0 && !broke) {
+    if (slept) {
+      caller_spin_.Miss();  // the window only kept the target's threads off a core
+    } else if (t.PartsDone()) {
+      caller_spin_.Hit();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -21,8 +21,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/event_loop.h"
+#include "common/spin_budget.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
 
@@ -245,8 +246,9 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   void Poll();
   // The calling thread (one waiting in TransferSync) receives the lane's
   // answers itself until every part of t is answered, instead of the loop
-  // thread receiving them and waking it: it polls the socket for spin, then
-  // waits in ppoll for at most kCallerReadFor (never past deadline). While it
+  // thread receiving them and waking it: it polls the socket for spin (less
+  // while such polls keep ending before the answer: SpinBudget), then waits
+  // in ppoll for at most kCallerReadFor (never past deadline). While it
   // does, the loop thread does not watch the socket for answers. Returns at
   // once when another caller is receiving on this lane or the lane broke;
   // whatever is left is received by the loop thread as usual.
@@ -290,6 +292,7 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   std::deque<Piece> sendq_;
   std::deque<Piece> inflight_;
   bool caller_reads_ = false;  // a caller receives this lane's answers (ReceiveAsCaller)
+  SpinBudget caller_spin_;     // touched only by the caller that set caller_reads_
   // Held by whoever receives (the loop thread or a caller) and by what
   // changes the receive state or closes the socket; taken before mu_.
   std::mutex read_mu_;
