@@ -92,6 +92,17 @@ Status CheckIn(size_t i, const TransferOpDesc& d, const RemoteRegion& r, Transfe
   return Status::Ok();
 }
 
+// Whether descriptor d, against r, passes every check of CheckAlone and
+// CheckIn: the common case, decided without building a Status. Where it is
+// false the callers run those two for the reason (or, on the lock-free path,
+// take the locked one).
+inline bool Fits(const TransferOpDesc& d, const RemoteRegion& r, uint32_t need) {
+  return d.len != 0 && d.local_addr != 0 && d.local_addr + d.len >= d.local_addr &&
+         d.remote_addr + d.len >= d.remote_addr && d.remote_addr >= r.addr &&
+         d.remote_addr - r.addr < r.len && d.len <= r.len - (d.remote_addr - r.addr) &&
+         (r.perms & need) != 0;
+}
+
 }  // namespace
 
 Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDesc>& descs,
@@ -102,7 +113,6 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
   out.clear();
   pins.clear();
   if (descs.empty()) return Status::ParamInvalid("descriptor list is empty");
-  out.reserve(descs.size());
   struct Undo {
     std::vector<Slice>& out;
     std::vector<RegionRef>& pins;
@@ -113,33 +123,36 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
       pins.clear();
     }
   } undo{out, pins};
+  const uint32_t need = op == TransferOp::WRITE ? MEM_PERM_WRITE : MEM_PERM_READ;
+  out.resize(descs.size());  // filled in place below; Undo empties it on failure
   // The thread's last region, when it holds every descriptor: no lock. A
   // region still referenced is not yet acknowledged as removed, so the
   // peer's memory behind it is valid for as long as this transfer pins it;
   // one marked revoked takes no new transfer.
   if (hint != nullptr) {
     RegionRef r = hint->lock();
-    if (r && !r->revoked.load(std::memory_order_acquire) &&
-        std::all_of(descs.begin(), descs.end(),
-                    [&](const TransferOpDesc& d) { return StartsIn(d, *r); })) {
-      for (size_t i = 0; i < descs.size(); ++i) {
+    if (r && !r->revoked.load(std::memory_order_acquire)) {
+      size_t i = 0;
+      for (; i < descs.size() && Fits(descs[i], *r, need); ++i) {
         const TransferOpDesc& d = descs[i];
-        if (Status s = CheckAlone(i, d); !s.ok()) return s;
-        if (Status s = CheckIn(i, d, *r, op); !s.ok()) return s;
-        out.push_back(Slice{d.local_addr, d.remote_addr, d.len, r.get()});
+        out[i] = Slice{d.local_addr, d.remote_addr, d.len, r.get()};
       }
-      pins.push_back(std::move(r));
-      undo.armed = false;
-      return Status::Ok();
+      if (i == descs.size()) {
+        pins.push_back(std::move(r));
+        undo.armed = false;
+        return Status::Ok();
+      }
+      // A descriptor outside r, or one that fails a check: the locked path
+      // finds its region or gives the same reason it would without a hint.
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
   const RemoteRegion* last = nullptr;
   for (size_t i = 0; i < descs.size(); ++i) {
     const TransferOpDesc& d = descs[i];
-    if (Status s = CheckAlone(i, d); !s.ok()) return s;
     const RemoteRegion* r = last;
     if (r == nullptr || !StartsIn(d, *r)) {
+      if (Status s = CheckAlone(i, d); !s.ok()) return s;
       auto it = by_addr_.upper_bound(d.remote_addr);
       if (it == by_addr_.begin() || !StartsIn(d, *std::prev(it)->second)) {
         return BadDesc(i, d, "remote address is not inside any region the peer registered");
@@ -153,8 +166,11 @@ Status RemoteRegionTable::Resolve(TransferOp op, const std::vector<TransferOpDes
       }
       last = r;
     }
-    if (Status s = CheckIn(i, d, *r, op); !s.ok()) return s;
-    out.push_back(Slice{d.local_addr, d.remote_addr, d.len, const_cast<RemoteRegion*>(r)});
+    if (!Fits(d, *r, need)) {
+      if (Status s = CheckAlone(i, d); !s.ok()) return s;
+      if (Status s = CheckIn(i, d, *r, op); !s.ok()) return s;
+    }
+    out[i] = Slice{d.local_addr, d.remote_addr, d.len, const_cast<RemoteRegion*>(r)};
   }
   if (hint != nullptr && pins.size() == 1) *hint = pins[0];
   undo.armed = false;

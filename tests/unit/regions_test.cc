@@ -2,6 +2,8 @@
 // a peer's regions.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "memory/local_regions.h"
 #include "memory/remote_regions.h"
 
@@ -150,6 +152,94 @@ TEST_F(ResolveTest, HintResolvesTheSameWayAndStopsAtRevocation) {
   EXPECT_NE(s.message().find("not inside any region"), std::string::npos) << s.message();
   held.clear();
   EXPECT_TRUE(hint.expired());  // the last pin was the last reference
+}
+
+// Random descriptor lists, mostly valid and a few bad in every way: the
+// table, with and without the thread's hint, accepts exactly the lists a
+// plain reading of the rules accepts, slices them as given, and names the
+// first bad descriptor.
+TEST_F(ResolveTest, RandomListsAgreeWithTheRulesWithAndWithoutTheHint) {
+  struct Ref {
+    uintptr_t addr;
+    size_t len;
+    uint32_t perms;
+  };
+  const Ref regions[] = {{0x100000, 0x1000, MEM_PERM_READ_WRITE},
+                         {0x101000, 0x1000, MEM_PERM_READ},
+                         {0x200000, 0x1000, MEM_PERM_WRITE}};
+  auto fits = [&](const TransferOpDesc& d, TransferOp op) {
+    if (d.len == 0 || d.local_addr == 0 || d.local_addr + d.len < d.local_addr ||
+        d.remote_addr + d.len < d.remote_addr)
+      return false;
+    const uint32_t need = op == TransferOp::WRITE ? MEM_PERM_WRITE : MEM_PERM_READ;
+    for (const Ref& r : regions) {
+      if (d.remote_addr >= r.addr && d.remote_addr + d.len <= r.addr + r.len)
+        return (r.perms & need) != 0;
+    }
+    return false;
+  };
+  std::mt19937_64 rng(13);
+  auto pick = [&](uint64_t n) { return static_cast<uint64_t>(rng() % n); };
+  auto desc = [&]() -> TransferOpDesc {
+    const Ref& r = regions[pick(3)];
+    TransferOpDesc d{0x7000 + pick(64) * 8, r.addr + pick(r.len / 8) * 8, 8 + pick(64) * 8};
+    switch (pick(24)) {  // one in four or so bad in one way
+      case 0: d.len = 0; break;
+      case 1: d.local_addr = 0; break;
+      case 2: d.local_addr = UINTPTR_MAX - 4; break;
+      case 3: d.remote_addr = UINTPTR_MAX - 4; break;
+      case 4: d.remote_addr = r.addr + r.len - 4; break;  // runs past, or into the next
+      case 5: d.remote_addr = r.addr - 8; break;          // just before
+      default: break;
+    }
+    return d;
+  };
+  memory::RegionHint hint;
+  int accepted = 0, refused = 0;
+  for (int round = 0; round < 4000; ++round) {
+    std::vector<TransferOpDesc> list(1 + pick(round % 2 == 0 ? 3 : 40));
+    for (auto& d : list) d = desc();
+    const TransferOp op = pick(2) == 0 ? TransferOp::WRITE : TransferOp::READ;
+    size_t first_bad = list.size();
+    for (size_t i = 0; i < list.size() && first_bad == list.size(); ++i) {
+      if (!fits(list[i], op)) first_bad = i;
+    }
+    memory::RegionHint none;
+    Status plain = Try(op, list, &none);
+    std::vector<memory::Slice> plain_slices = slices;
+    memory::Unpin(pins);
+    Status hinted = Try(op, list, &hint);
+    ASSERT_EQ(hinted.ok(), plain.ok()) << round;
+    ASSERT_EQ(hinted.message(), plain.message()) << round;
+    if (first_bad == list.size()) {
+      ASSERT_TRUE(hinted.ok()) << round << ": " << hinted.message();
+      ++accepted;
+      ASSERT_EQ(slices.size(), list.size());
+      for (size_t i = 0; i < list.size(); ++i) {
+        ASSERT_EQ(slices[i].local, list[i].local_addr);
+        ASSERT_EQ(slices[i].remote, list[i].remote_addr);
+        ASSERT_EQ(slices[i].len, list[i].len);
+        ASSERT_EQ(slices[i].region, plain_slices[i].region);
+        const memory::RemoteRegion& g = *slices[i].region;
+        ASSERT_TRUE(list[i].remote_addr >= g.addr &&
+                    list[i].remote_addr + list[i].len <= g.addr + g.len);
+        bool pinned = false;
+        for (const auto& p : pins) pinned = pinned || p.get() == &g;
+        ASSERT_TRUE(pinned) << round;
+      }
+      memory::Unpin(pins);
+    } else {
+      ASSERT_FALSE(hinted.ok()) << round;
+      ++refused;
+      ASSERT_EQ(hinted.code(), StatusCode::kParamInvalid);
+      ASSERT_EQ(hinted.message().rfind("descriptor " + std::to_string(first_bad) + " ", 0), 0u)
+          << round << ": " << hinted.message();
+      ASSERT_TRUE(slices.empty());
+      ASSERT_TRUE(pins.empty());
+    }
+  }
+  EXPECT_GT(accepted, 500);
+  EXPECT_GT(refused, 500);
 }
 
 TEST_F(ResolveTest, RejectsBadDescriptorsAndPinsNothing) {
