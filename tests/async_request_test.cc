@@ -330,6 +330,36 @@ TEST_P(AsyncRequestTest, SyncCallersAndAsyncRequestsShareALane) {
   }
 }
 
+// A request that ends while GetTransferStatus looks at it is either still
+// WAITING or reported ended and released, never reported ended yet kept:
+// polled without a pause, the transfer's end often falls inside the call.
+TEST_P(AsyncRequestTest, AnEndReportedByAPollInTheRaceIsAlsoReleased) {
+  constexpr size_t kLen = 128u << 10;  // past shm's inline copies: a request object
+  constexpr int kRounds = 300;
+  const uintptr_t remote = peer_->Alloc("a", kLen);
+  ASSERT_NE(remote, 0u);
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  Buffer src(kLen);
+  hixl_test::FillPattern(src.data(), kLen, 17);
+  for (int r = 0; r < kRounds; ++r) {
+    TransferReq req = 0;
+    HIXL_ASSERT_OK(engine_.TransferAsync(peer_->engine(), TransferOp::WRITE,
+                                         {{src.addr(), remote, kLen}}, {}, req));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kEndMs);
+    TransferStatus st = TransferStatus::WAITING;
+    Status why;
+    while (st == TransferStatus::WAITING && std::chrono::steady_clock::now() < deadline) {
+      HIXL_ASSERT_OK(engine_.GetTransferStatus(req, st, why));
+      if (st == TransferStatus::WAITING) EXPECT_TRUE(why.ok()) << why.ToString();
+    }
+    ASSERT_EQ(st, TransferStatus::COMPLETED) << "round " << r << ": " << why.ToString();
+    TransferStatus again = TransferStatus::WAITING;
+    ASSERT_EQ(engine_.GetTransferStatus(req, again).code(), StatusCode::kParamInvalid)
+        << "round " << r << ": reported COMPLETED yet still known";
+  }
+  EXPECT_EQ(peer_->Hash("a", 0, kLen), src.HashHex());
+}
+
 std::string LinkParamName(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
 
 INSTANTIATE_TEST_SUITE_P(Transports, AsyncRequestTest,

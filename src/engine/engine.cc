@@ -651,13 +651,19 @@ Status Hixl::Impl::GetTransferStatus(TransferReq req, TransferStatus& status, St
     auto it = reqs_.find(req);
     if (it == reqs_.end()) return UnknownRequest(req);
     t = it->second;
-    if (t->Done()) {  // single use: released once its end is reported
+    // One reading of the state decides both what is reported and whether the
+    // request is released: read twice, a transfer ending in between would be
+    // reported ended and yet stay known.
+    status = t->state();
+    if (status != TransferStatus::WAITING) {  // single use: released once its end is reported
       if (t->deadline != net::Deadline::max()) --deadline_reqs_;
       reqs_.erase(it);
     }
   }
-  status = t->state();
-  if (reason != nullptr) *reason = t->reason();
+  if (reason != nullptr) {
+    // Final once the state left WAITING; still running means no reason yet.
+    *reason = status == TransferStatus::WAITING ? Status::Ok() : t->reason();
+  }
   return Status::Ok();
 }
 
