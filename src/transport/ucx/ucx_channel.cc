@@ -1,6 +1,9 @@
 #include "transport/ucx/ucx_channel.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -13,9 +16,10 @@ namespace hixl::transport::ucx {
 
 // Locks: post_mu serializes posting with Close and with destroying remote
 // keys (a key must not go while an operation is being posted with it);
-// mu guards the operations in flight and the health. Completion callbacks
-// (progress thread, inside UCX's worker lock) take only mu; nothing holding
-// mu calls into UCX, so the two never wait on each other.
+// mu guards the operations in flight and the health; key_mu the set of live
+// keys. Completion callbacks (progress thread, inside UCX's worker lock) take
+// only mu and key_mu (a region released there); nothing holding mu or key_mu
+// calls into UCX, so they never wait on each other.
 struct UcxChannel::Core {
   struct Op {
     std::shared_ptr<Transfer> t;
@@ -34,6 +38,10 @@ struct UcxChannel::Core {
 
   std::mutex post_mu;
   bool post_closed = false;  // under post_mu
+  // Set once Close began: a later Close (the channel's destructor, which may
+  // run inside a UCX callback when a transfer's end drops the last reference
+  // to its link) returns without taking post_mu.
+  std::atomic<bool> close_begun{false};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -67,6 +75,31 @@ struct UcxChannel::Core {
     op.t->PartDone(s);
   }
 
+  // The peer process has exited with operations UCX still holds: nothing
+  // can answer them or read what they would send, so the endpoint is closed
+  // by force, which drops them (under error handling NONE that is safe only
+  // because no peer is left to be confused by it). Keys go first.
+  void CloseForGonePeer() {
+    std::lock_guard<std::mutex> post(post_mu);
+    if (ep == nullptr) return;
+    CollectGarbage();
+    std::vector<ucp_rkey_h> live;
+    {
+      std::lock_guard<std::mutex> lock(key_mu);
+      for (auto* b : keys) {
+        if (b->key != nullptr) live.push_back(b->key);
+        b->key = nullptr;
+      }
+    }
+    for (ucp_rkey_h k : live) ucp_rkey_destroy(k);  // not under key_mu (see Locks)
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // released when done
+    ep = nullptr;
+  }
+
   // Destroys the keys of released regions; post_mu held.
   void CollectGarbage() {
     std::vector<ucp_rkey_h> g;
@@ -81,6 +114,24 @@ struct UcxChannel::Core {
 namespace {
 // How long a thread that waits for its own transfer progresses the worker.
 constexpr int kCallerSpinUs = 50;
+
+// The process pid (of this host and pid namespace) has exited: it is gone or
+// a zombie, whose memory is released. False for pid <= 0 (not known).
+bool ProcessGone(int64_t pid) {
+  if (pid <= 0) return false;
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return errno == ENOENT || errno == ESRCH;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // "pid (comm) S ...": the name may hold ')' itself, the state follows the last.
+  const char* close = std::strrchr(buf, ')');
+  if (close == nullptr || close[1] != ' ') return n == 0;
+  return close[2] == 'Z' || close[2] == 'X';
+}
 
 struct FlushCtx {
   std::shared_ptr<UcxChannel::Core> core;
@@ -121,8 +172,11 @@ ucs_status_t WaitRequest(ucs_status_ptr_t req, net::Deadline deadline) {
 }  // namespace
 
 UcxChannel::UcxChannel(std::shared_ptr<Worker> worker, std::shared_ptr<EndpointCache> cache,
-                       std::string engine, bool err_peer, int hb_bound_ms)
-    : worker_(std::move(worker)), cache_(std::move(cache)), core_(std::make_shared<Core>()) {
+                       std::string engine, bool err_peer, int hb_bound_ms, int64_t peer_pid)
+    : worker_(std::move(worker)),
+      cache_(std::move(cache)),
+      core_(std::make_shared<Core>()),
+      peer_pid_(peer_pid) {
   core_->engine = std::move(engine);
   core_->err_peer = err_peer;
   core_->stall_ms = std::max(1000, hb_bound_ms);
@@ -315,10 +369,12 @@ void UcxChannel::Poll() {
 
 void UcxChannel::Close(net::Deadline drain_until) {
   Core& c = *core_;
+  if (c.close_begun.load(std::memory_order_acquire)) return;
   {
     std::lock_guard<std::mutex> post(c.post_mu);
     if (c.post_closed) return;
     c.post_closed = true;
+    c.close_begun.store(true, std::memory_order_release);
   }
   // 1. What was posted lands first (until drain_until at most).
   std::unique_lock<std::mutex> lock(c.mu);
@@ -328,29 +384,75 @@ void UcxChannel::Close(net::Deadline drain_until) {
   lock.unlock();
   std::lock_guard<std::mutex> post(c.post_mu);
   if (c.ep == nullptr) return;
-  auto destroy_keys = [&c] {
-    c.CollectGarbage();
-    std::lock_guard<std::mutex> keys(c.key_mu);
-    for (auto* b : c.keys) {
-      if (b->key != nullptr) ucp_rkey_destroy(b->key);
-      b->key = nullptr;
-    }
-  };
-  if (!c.err_peer && !idle) {
-    // Error handling NONE: UCX can neither cancel these operations nor close
-    // the endpoint under them. They end FAILED here; the endpoint and its keys
-    // stay until the worker goes.
+  if (worker_->shut_down()) {
+    // The worker and every endpoint went with it: nothing of UCX is left to
+    // touch, and nothing to wait for.
+    c.ep = nullptr;
     std::unordered_map<uint64_t, Core::Op> left;
     {
       std::lock_guard<std::mutex> l(c.mu);
       left.swap(c.ops);
     }
-    HIXL_LOG(WARN) << "ucx: closing the link to " << c.engine << " with " << left.size()
-                   << " transfer(s) unanswered under UcxErrorHandling=NONE; they end FAILED and "
-                      "UCX cannot cancel them";
     for (auto& [id, op] : left) {
-      op.t->PartDone(Status::Failed("link to " + c.engine + " closed with the transfer unanswered"));
+      op.t->PartDone(Status::Failed("link to " + c.engine + " closed: the engine was finalized"));
     }
+    return;
+  }
+  auto destroy_keys = [&c] {
+    c.CollectGarbage();
+    std::vector<ucp_rkey_h> live;
+    {
+      std::lock_guard<std::mutex> keys(c.key_mu);
+      for (auto* b : c.keys) {
+        if (b->key != nullptr) live.push_back(b->key);
+        b->key = nullptr;
+      }
+    }
+    for (ucp_rkey_h k : live) ucp_rkey_destroy(k);
+  };
+  if (!c.err_peer && !idle) {
+    // Error handling NONE: UCX can neither cancel these operations nor close
+    // the endpoint under them, and it may still copy their bytes: a put
+    // waiting for room in the peer's shared-memory queue reads the source
+    // later, a get's answer is written into its buffer when it comes. So a
+    // transfer left here ends only once UCX cannot touch its memory any more:
+    // UCX completed it, the peer process is gone (nothing will drain the
+    // queue or answer), or this engine's worker was destroyed. The endpoint
+    // and its keys stay until the worker goes.
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> l(c.mu);
+      n = c.ops.size();
+    }
+    const bool gone = ProcessGone(peer_pid_);
+    HIXL_LOG(WARN) << "ucx: closing the link to " << c.engine << " with " << n
+                   << " transfer(s) unanswered under UcxErrorHandling=NONE, which UCX cannot "
+                      "cancel: "
+                   << (gone ? "the peer process has exited, they end FAILED"
+                            : "they end when UCX completes them, when the peer process exits, "
+                              "or when this engine is finalized");
+    auto settle = [core = core_, pid = peer_pid_](bool worker_gone) {
+      std::unordered_map<uint64_t, Core::Op> left;
+      {
+        std::lock_guard<std::mutex> l(core->mu);
+        if (core->ops.empty()) return true;
+        if (!worker_gone && !ProcessGone(pid)) return false;
+        left.swap(core->ops);
+      }
+      // Not called on the destroyed worker; else UCX would keep retrying
+      // the queued operations (a core busy) until the engine finalizes.
+      if (!worker_gone) core->CloseForGonePeer();
+      const std::string why =
+          worker_gone ? " (the engine was finalized)" : " (the peer process has exited)";
+      for (auto& [id, op] : left) {
+        op.t->PartDone(Status::Failed("link to " + core->engine +
+                                      " closed with the transfer unanswered" + why));
+      }
+      return true;
+    };
+    // Settled on the progress thread (this thread holds post_mu).
+    worker_->Linger(std::move(settle));
+    worker_->Wake();
     // Their flushes may never complete: what UCX still holds of them is
     // freed once the worker is gone.
     worker_->AtDestroy([core = core_] {

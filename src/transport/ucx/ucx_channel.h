@@ -9,8 +9,11 @@
 // for longer than the heartbeat bound after its transfer was stopped makes
 // the channel unhealthy (the engine drops the link); Close then force-closes
 // the endpoint (error mode PEER), which completes every operation with an
-// error, or, under error mode NONE (where UCX cannot cancel), ends what is
-// left FAILED and keeps the endpoint until the worker goes.
+// error. Under error mode NONE UCX can neither cancel an operation nor stop
+// copying its bytes (a put queued for room in the peer's shared memory, a
+// get's late answer): what is left ends when UCX completes it, when the peer
+// process has exited, or when the worker is shut down (Worker::Linger), and
+// the endpoint stays until the worker goes.
 // Thread safety: all methods are thread-safe.
 #ifndef HIXL_TRANSPORT_UCX_UCX_CHANNEL_H_
 #define HIXL_TRANSPORT_UCX_UCX_CHANNEL_H_
@@ -33,9 +36,10 @@ namespace hixl::transport::ucx {
 class UcxChannel : public Channel {
  public:
   // cache: where an idle endpoint goes when the channel closes under error
-  // handling NONE (and where Open looks for one first).
+  // handling NONE (and where Open looks for one first). peer_pid: the peer's
+  // process when it runs on this host (same pid namespace), else 0.
   UcxChannel(std::shared_ptr<Worker> worker, std::shared_ptr<EndpointCache> cache,
-             std::string engine, bool err_peer, int hb_bound_ms);
+             std::string engine, bool err_peer, int hb_bound_ms, int64_t peer_pid);
   ~UcxChannel() override;
 
   // Creates the endpoint to the peer's worker and waits (until deadline)
@@ -59,6 +63,7 @@ class UcxChannel : public Channel {
   std::shared_ptr<EndpointCache> cache_;
   std::vector<uint8_t> peer_address_;
   std::shared_ptr<Core> core_;
+  int64_t peer_pid_ = 0;
   std::string layers_;
 };
 

@@ -32,7 +32,11 @@ class UcxTransport : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [addr, m] : mapped_) ucp_mem_unmap(worker_->context(), m.memh);
     mapped_.clear();
-    // Channels and remote keys hold the worker until they go.
+    // Channels and remote keys hold the worker until they go -- unless a link
+    // was given up with operations UCX still holds (error handling NONE):
+    // those end only once the worker is destroyed, which must happen before
+    // the engine frees their memory, so it is destroyed now.
+    if (worker_ && worker_->lingering()) worker_->Shutdown();
     eps_.reset();
     worker_.reset();
   }
@@ -120,8 +124,9 @@ class UcxTransport : public Transport {
         err_peer = peer.host_id != host::HostIdentity() || !worker_->has_shared_memory();
         break;
     }
+    const int64_t pid = peer.host_id == host::HostIdentity() ? peer.pid : 0;
     auto ch =
-        std::make_unique<UcxChannel>(worker_, eps_, peer.engine, err_peer, ctx_.hb_bound_ms);
+        std::make_unique<UcxChannel>(worker_, eps_, peer.engine, err_peer, ctx_.hb_bound_ms, pid);
     if (Status s = ch->Open(a.get_binary(), deadline); !s.ok()) return s;
     if (!err_peer && !ch->on_shared_memory()) {
       HIXL_LOG(WARN) << "ucx link to " << peer.engine << " runs on " << ch->layers()

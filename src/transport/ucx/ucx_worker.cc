@@ -114,13 +114,21 @@ Status Worker::Create(std::shared_ptr<Worker>& out) {
   return Status::Ok();
 }
 
-Worker::~Worker() {
+Worker::~Worker() { Shutdown(); }
+
+void Worker::Shutdown() {
+  std::lock_guard<std::mutex> once(shutdown_mu_);
+  if (down_.load(std::memory_order_acquire)) return;
   if (thread_.joinable()) {
     stop_.store(true, std::memory_order_release);
     ucp_worker_signal(worker_);
     thread_.join();
   }
+  down_.store(true, std::memory_order_release);
+  // worker_ and context_ keep their (dead) values: nothing uses them after down_.
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // No UCX callback runs and no operation moves a byte from here on.
+  SettleLingering(/*worker_gone=*/true);
   std::vector<std::function<void()>> at_destroy;
   {
     std::lock_guard<std::mutex> lock(at_destroy_mu_);
@@ -130,24 +138,64 @@ Worker::~Worker() {
   if (context_ != nullptr) ucp_cleanup(context_);
 }
 
-void Worker::Wake() { ucp_worker_signal(worker_); }
+void Worker::Wake() {
+  if (!down_.load(std::memory_order_acquire)) ucp_worker_signal(worker_);
+}
 
 void Worker::AtDestroy(std::function<void()> f) {
   std::lock_guard<std::mutex> lock(at_destroy_mu_);
   at_destroy_.push_back(std::move(f));
 }
 
+void Worker::Linger(std::function<bool(bool)> settle) {
+  std::lock_guard<std::mutex> lock(linger_mu_);
+  linger_.push_back(std::move(settle));
+}
+
+bool Worker::lingering() const {
+  std::lock_guard<std::mutex> lock(linger_mu_);
+  return !linger_.empty();
+}
+
+void Worker::SettleLingering(bool worker_gone) {
+  std::vector<std::function<bool(bool)>> all;
+  {
+    std::lock_guard<std::mutex> lock(linger_mu_);
+    all.swap(linger_);
+  }
+  if (all.empty()) return;
+  std::vector<std::function<bool(bool)>> left;
+  for (auto& f : all) {
+    if (!f(worker_gone)) left.push_back(std::move(f));
+  }
+  std::lock_guard<std::mutex> lock(linger_mu_);
+  for (auto& f : left) linger_.push_back(std::move(f));
+}
+
 void Worker::Run() {
   pthread_setname_np(pthread_self(), "hixl-ucx");
   using Clock = std::chrono::steady_clock;
+  auto last_settle = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     // After activity, keep progressing for a short while before sleeping: a
     // burst (an emulated put's next piece, a flush answer) is served without
     // a wake-up. Bounded, so an idle worker sleeps.
+    // Links given up with operations UCX still holds are looked at here, at
+    // the top: UCX may stay busy without end with operations queued for a
+    // peer that does not drain them (progress, or arm answering BUSY).
+    if (Clock::now() - last_settle >= std::chrono::milliseconds(kLingerCheckMs)) {
+      last_settle = Clock::now();
+      SettleLingering(/*worker_gone=*/false);
+    }
     auto idle_since = Clock::now();
-    while (Clock::now() - idle_since < std::chrono::microseconds(kSpinUs)) {
+    for (unsigned i = 1; Clock::now() - idle_since < std::chrono::microseconds(kSpinUs); ++i) {
       if (ucp_worker_progress(worker_) != 0) idle_since = Clock::now();
       if (stop_.load(std::memory_order_relaxed)) break;
+      if (i % 1024 == 0 &&
+          Clock::now() - last_settle >= std::chrono::milliseconds(kLingerCheckMs)) {
+        last_settle = Clock::now();
+        SettleLingering(/*worker_gone=*/false);
+      }
     }
     ucs_status_t s = ucp_worker_arm(worker_);
     if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
@@ -156,7 +204,7 @@ void Worker::Run() {
     }
     // The timeout only bounds how long a missed wake-up could delay work.
     pollfd p{efd_, POLLIN, 0};
-    ::poll(&p, 1, 100);
+    ::poll(&p, 1, lingering() ? kLingerCheckMs : 100);
   }
 }
 

@@ -49,10 +49,26 @@ class Worker {
   // Runs f once the UCP worker is destroyed (no UCX callback can run then):
   // frees what only an operation UCX never completed still refers to.
   void AtDestroy(std::function<void()> f);
+  // Work UCX still holds after its link was given up (error handling NONE,
+  // where UCX cannot cancel): the progress thread calls settle(false) about
+  // every kLingerCheckMs until it returns true (nothing is left, or what is
+  // left can no longer be touched by UCX and was ended). Shutdown calls
+  // settle(true) after the UCP worker is destroyed: then it must end the rest.
+  void Linger(std::function<bool(bool worker_gone)> settle);
+  static constexpr int kLingerCheckMs = 50;
+  // Links given up with work that UCX still holds (see Linger).
+  bool lingering() const;
+  // Stops the progress thread and destroys the worker and context now, even
+  // while channels or keys still hold this object (they must make no UCX
+  // call afterwards: a closed channel makes none), then runs the settles and
+  // AtDestroy callbacks. Idempotent; the destructor calls it.
+  void Shutdown();
+  bool shut_down() const { return down_.load(std::memory_order_acquire); }
 
  private:
   Worker() = default;
   void Run();
+  void SettleLingering(bool worker_gone);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -63,6 +79,10 @@ class Worker {
   std::thread thread_;
   std::mutex at_destroy_mu_;
   std::vector<std::function<void()>> at_destroy_;
+  mutable std::mutex linger_mu_;
+  std::vector<std::function<bool(bool)>> linger_;
+  std::mutex shutdown_mu_;
+  std::atomic<bool> down_{false};
 };
 
 // Idle endpoints under error handling NONE, kept for the next link to the
