@@ -120,8 +120,16 @@ void EventLoop::RunPosted() {
   for (auto& fn : work) fn();
 }
 
+uint64_t EventLoop::Checkpoint() {
+  const auto now = net::Clock::now();
+  if (stall_bound_.count() > 0 && now - last_checkpoint_ > stall_bound_) ++stalls_;
+  last_checkpoint_ = now;
+  return stalls_;
+}
+
 void EventLoop::Run() {
   thread_id_ = std::this_thread::get_id();
+  last_checkpoint_ = net::Clock::now();
   epoll_event events[64];
   auto next_tick = net::Clock::now() + std::chrono::milliseconds(tick_ms_);
   auto spin_until = net::Clock::time_point::min();  // poll without sleeping until then
@@ -137,6 +145,7 @@ void EventLoop::Run() {
         std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - before).count());
     if (timeout < 0 || spinning) timeout = 0;
     int n = epoll_wait(epoll_.get(), events, 64, timeout);
+    const int wait_errno = errno;
     if (n > 0 && spin_.count() > 0) {
       if (in_window) spin_budget_.Hit();  // found while polling: the window paid
       const auto window = spin_budget_.Window(spin_);
@@ -145,17 +154,19 @@ void EventLoop::Run() {
     } else if (n == 0 && spinning) {
       sched_yield();  // let whatever else wants this CPU run between polls
     }
-    const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(
-        net::Clock::now() - before - std::chrono::milliseconds(timeout));
-    // A stop signal ends the wait with EINTR once the process continues: the
-    // lateness counts for the handlers of the next wake.
-    carried_late_ = std::max(carried_late_, late);
-    if (n >= 0) {
-      lateness_ = std::max(std::chrono::milliseconds(0), carried_late_);
-      carried_late_ = std::chrono::milliseconds(0);
+    {
+      // The time since the last checkpoint, less what the wait was allowed
+      // to take: a stop signal ends the wait (EINTR) once the process
+      // continues, a stop between the last handler and this wait shows here
+      // too. Counted before any handler of this wake runs.
+      const auto now = net::Clock::now();
+      if (stall_bound_.count() > 0 &&
+          now - last_checkpoint_ - std::chrono::milliseconds(timeout) > stall_bound_)
+        ++stalls_;
+      last_checkpoint_ = now;
     }
-    if (n < 0 && errno != EINTR) {
-      HIXL_LOG(ERROR) << "epoll_wait failed: " << std::strerror(errno);
+    if (n < 0 && wait_errno != EINTR) {
+      HIXL_LOG(ERROR) << "epoll_wait failed: " << std::strerror(wait_errno);
       break;
     }
     for (int i = 0; i < n; ++i) {

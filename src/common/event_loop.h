@@ -52,10 +52,21 @@ class EventLoop {
   // thread-safe; the caller guarantees fd is still registered).
   void ModifyFd(int fd, uint64_t id, uint32_t events);
   void Remove(uint64_t id);
-  // Loop thread only, inside a handler: how much later than it should have
-  // this loop woke up this time (0 normally; large after the process was
-  // stopped or starved while the loop waited).
-  std::chrono::milliseconds Lateness() const { return lateness_; }
+  // Stall watch, for handlers that must not act on what they read before
+  // this thread could not run for a while (the process stopped by a signal,
+  // a paused host, starvation). SetStallBound before Start (0, the default:
+  // off). Loop thread only: Checkpoint() notes that the thread runs now and
+  // returns how many stalls longer than the bound the loop has seen so far:
+  // a wait that ended that much later than its timeout, or that much time
+  // between two checkpoints, or between the last one and the next wait
+  // (whatever ran in between: other handlers, posted work, the ticker). A
+  // handler remembers the count when it starts and fences itself once the
+  // count moved, also after a stall another handler of this loop noticed;
+  // it checkpoints right before each step that acts, so that the only
+  // moment a stall can slip past is between that clock read and the step.
+  void SetStallBound(std::chrono::milliseconds bound) { stall_bound_ = bound; }
+  uint64_t Checkpoint();
+  uint64_t stalls() const { return stalls_; }
   // Loop thread only: how often the ticker runs from now on.
   void SetTickInterval(int interval_ms) { tick_ms_ = interval_ms; }
 
@@ -81,8 +92,9 @@ class EventLoop {
   int tick_ms_ = 100;
   std::chrono::microseconds spin_{0};
   SpinBudget spin_budget_;  // loop thread only
-  std::chrono::milliseconds lateness_{0};
-  std::chrono::milliseconds carried_late_{0};
+  std::chrono::milliseconds stall_bound_{0};
+  net::Clock::time_point last_checkpoint_{};  // loop thread only
+  uint64_t stalls_ = 0;                       // loop thread only
 };
 
 }  // namespace hixl

@@ -134,6 +134,7 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   ServerLane(TcpTransport* tp, EventLoop* loop, net::Fd fd)
       : tp_(tp), loop_(loop), fd_(std::move(fd)) {}
   void Start() {
+    stalls_seen_ = loop_->stalls();
     auto self = shared_from_this();
     loop_id_ =
         loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, [self](uint32_t ev) { self->OnEvent(ev); });
@@ -165,6 +166,10 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   // lane up, so nothing still queued on it may be applied.
   bool Abandoned(bool force);
   bool OnHeader(const ReqHdr& h);
+  // Right before a step that applies or answers what the lane read: true
+  // (and the lane closed) once its loop saw a stall past the heartbeat
+  // fence since the lane started (see OnEvent).
+  bool FencedAfterStall();
   void Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len);
   bool Flush();
   void UpdateEvents();
@@ -186,6 +191,7 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   std::deque<Out> outq_;
   size_t out_bytes_ = 0;
   uint32_t events_ = EPOLLIN | EPOLLRDHUP;
+  uint64_t stalls_seen_ = 0;  // the loop's stall count when the lane started
   std::chrono::steady_clock::time_point last_alive_check_ = std::chrono::steady_clock::now();
 };
 
@@ -361,11 +367,11 @@ class TcpTransport final : public Transport {
   // control connection it belongs to and records the lane under it.
   bool CheckToken(const LaneHello& h, uint64_t& conn_id, const std::shared_ptr<ServerLane>& lane);
   memory::LocalRegions* regions() const { return ctx_.regions; }
-  // How long a lane's loop may have been unable to run before the lane is
-  // fenced: a peer gives this engine up `bound` after the last heartbeat it
-  // heard, which this engine sent at most one interval before it stopped,
-  // and a loop notices a stop only at its next wake (at most one tick, 100
-  // ms, late); at least half the bound.
+  // How long a lane's loop may have been unable to run before its lanes are
+  // fenced (EventLoop::SetStallBound): a peer gives this engine up `bound`
+  // after the last heartbeat it heard, which this engine sent at most one
+  // interval before it stopped, with 100 ms to spare; at least half the
+  // bound.
   std::chrono::milliseconds stall_fence() const {
     return std::chrono::milliseconds(
         std::max(ctx_.hb_bound_ms / 2, ctx_.hb_bound_ms - ctx_.hb_interval_ms - 100));

@@ -62,17 +62,22 @@ bool ServerLane::Abandoned(bool force) {
   return true;
 }
 
+bool ServerLane::FencedAfterStall() {
+  if (loop_->Checkpoint() == stalls_seen_) return false;
+  // This process could not run for longer than its peers wait before they
+  // give it up (stopped, or starved) while the lane existed: they may have
+  // reported transfers on it as failed, so nothing it holds may be applied
+  // now. Every lane of the loop sees the same count, so a stall noticed by
+  // another lane's step fences this one too.
+  Close("this engine could not run for longer than " + std::to_string(tp_->stall_fence().count()) +
+            " ms, past the heartbeat bound: unapplied bytes dropped",
+        true);
+  return true;
+}
+
 void ServerLane::OnEvent(uint32_t ev) {
   if (closed_) return;
-  if (hello_done_ && loop_->Lateness() > tp_->stall_fence()) {
-    // This process could not run for longer than its peers wait before they
-    // give it up (stopped, or starved): they may have reported transfers on
-    // this lane as failed, so nothing it holds may be applied now.
-    Close("this engine did not run for " + std::to_string(loop_->Lateness().count()) +
-              " ms, past the heartbeat bound: unapplied bytes dropped",
-          true);
-    return;
-  }
+  if (FencedAfterStall()) return;
   if (!closing_ && (ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
     // An initiator closes a lane only once every piece it sent was answered,
     // or when it gave this engine up: in both cases nothing queued here may
@@ -141,20 +146,10 @@ bool ServerLane::Process() {
 
 bool ServerLane::ProcessRequests() {
   size_t moved = 0;
-  auto last = std::chrono::steady_clock::now();
   while (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) {
     // Steps follow each other at once; a long gap means this process was
     // stopped between two of them (see OnEvent): fence before the next.
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last > tp_->stall_fence()) {
-      Close("this engine stopped for " +
-                std::to_string(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(now - last).count()) +
-                " ms mid-request, past the heartbeat bound: unapplied bytes dropped",
-            true);
-      return false;
-    }
-    last = now;
+    if (FencedAfterStall()) return false;
     if (moved >= kFairnessBytes) {  // let other lanes run, then come back
       auto self = shared_from_this();
       loop_->Post([self] { self->OnEvent(EPOLLIN); });
@@ -162,6 +157,7 @@ bool ServerLane::ProcessRequests() {
     }
     if (left_ > 0) {  // receiving a WRITE payload straight into registered memory
       if (Abandoned(false)) return false;
+      if (FencedAfterStall()) return false;  // the last check before bytes land, no syscall between
       ssize_t r;
       {
         [[maybe_unused]] PayloadAccess quiet;

@@ -27,6 +27,7 @@ Status TcpTransport::Start() {
     auto loop = std::make_unique<EventLoop>();
     if (i == 0 && ctx_.listening) loop->SetTicker([this] { ExpireHellos(); }, 100);
     loop->SetSpin(std::chrono::microseconds(ctx_.poll_spin_us));
+    loop->SetStallBound(stall_fence());
     if (Status s = loop->Start("hixl-tcp" + std::to_string(i)); !s.ok()) return s;
     loops_.push_back(std::move(loop));
   }
