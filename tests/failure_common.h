@@ -165,6 +165,20 @@ inline bool PollUntil(const std::function<bool()>& pred, int timeout_ms, int ste
   }
 }
 
+// Polls GetLinkType(remote) every 5 ms until it reports NOT_CONNECTED (the
+// link was dropped) or timeout_ms passes; returns its last answer.
+inline Status WaitLinkLost(const Hixl& e, const std::string& remote, int timeout_ms) {
+  Status lt;
+  PollUntil(
+      [&] {
+        LinkType t{};
+        lt = e.GetLinkType(remote, t);
+        return lt.code() == StatusCode::kNotConnected;
+      },
+      timeout_ms, 5);
+  return lt;
+}
+
 inline ConnectStatus GetCs(const Hixl& e, const std::string& remote, Status* reason = nullptr) {
   ConnectStatus cs = ConnectStatus::FAILED;
   Status r;

@@ -133,14 +133,7 @@ class UcxAbandonedLinkTest : public FailureBase {
                                            {{dst_->addr(i * kLen), remote_ + i * kLen, kLen}},
                                            TransferArgs{}, reqs_[i]));
     }
-    Status lt;
-    PollUntil(
-        [&] {
-          LinkType t{};
-          lt = engine_.GetLinkType(peer_->engine(), t);
-          return lt.code() == StatusCode::kNotConnected;
-        },
-        kDetectBoundMs, 5);
+    const Status lt = WaitLinkLost(engine_, peer_->engine(), kDetectBoundMs);
     ASSERT_EQ(lt.code(), StatusCode::kNotConnected) << lt.ToString();
     SleepMs(300);  // the link's close has run
   }

@@ -310,15 +310,8 @@ TEST_P(FailureTest, TargetKilledMidTransferEndsTheRequest) {
   EXPECT_LE(ms, kDetectBoundMs) << "the request did not end within the detection bound";
 
   // The dead peer's link is dropped (within the detection bound).
-  Status lt;
   const auto t1 = Clock::now();
-  PollUntil(
-      [&] {
-        LinkType t{};
-        lt = engine_.GetLinkType(vengine, t);
-        return lt.code() == StatusCode::kNotConnected;
-      },
-      kDetectBoundMs, 5);
+  const Status lt = WaitLinkLost(engine_, vengine, kDetectBoundMs);
   Measured("kill_to_not_connected_ms", ElapsedMs(t0));
   EXPECT_EQ(lt.code(), StatusCode::kNotConnected)
       << "GetLinkType of the killed peer -> " << lt.ToString() << " after " << ElapsedMs(t1)
@@ -395,14 +388,7 @@ TEST_F(TcpFailureTest, HungTargetIsDeclaredDeadAndNothingLandsAfterwards) {
       << s.ToString();
   EXPECT_LE(ms, kDetectBoundMs) << "a hung peer must be declared dead within the bound";
   {
-    Status lt;
-    PollUntil(
-        [&] {
-          LinkType t{};
-          lt = engine_.GetLinkType(peer->engine(), t);
-          return lt.code() == StatusCode::kNotConnected;
-        },
-        kDetectBoundMs, 5);
+    const Status lt = WaitLinkLost(engine_, peer->engine(), kDetectBoundMs);
     EXPECT_EQ(lt.code(), StatusCode::kNotConnected) << lt.ToString();
   }
 

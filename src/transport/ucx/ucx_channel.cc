@@ -82,6 +82,17 @@ struct UcxChannel::Core {
   void CloseForGonePeer() {
     std::lock_guard<std::mutex> post(post_mu);
     if (ep == nullptr) return;
+    DestroyKeys();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // released when done
+    ep = nullptr;
+  }
+
+  // Destroys every remote key, released or live; post_mu held.
+  void DestroyKeys() {
     CollectGarbage();
     std::vector<ucp_rkey_h> live;
     {
@@ -92,12 +103,6 @@ struct UcxChannel::Core {
       }
     }
     for (ucp_rkey_h k : live) ucp_rkey_destroy(k);  // not under key_mu (see Locks)
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // released when done
-    ep = nullptr;
   }
 
   // Destroys the keys of released regions; post_mu held.
@@ -398,18 +403,6 @@ void UcxChannel::Close(net::Deadline drain_until) {
     }
     return;
   }
-  auto destroy_keys = [&c] {
-    c.CollectGarbage();
-    std::vector<ucp_rkey_h> live;
-    {
-      std::lock_guard<std::mutex> keys(c.key_mu);
-      for (auto* b : c.keys) {
-        if (b->key != nullptr) live.push_back(b->key);
-        b->key = nullptr;
-      }
-    }
-    for (ucp_rkey_h k : live) ucp_rkey_destroy(k);
-  };
   if (!c.err_peer && !idle) {
     // Error handling NONE: UCX can neither cancel these operations nor close
     // the endpoint under them, and it may still copy their bytes: a put
@@ -468,7 +461,7 @@ void UcxChannel::Close(net::Deadline drain_until) {
   }
   // 2. Keys go before their endpoint -- unless operations still use them: a
   //    forced close ends those first.
-  if (idle) destroy_keys();
+  if (idle) c.DestroyKeys();
   if (idle && !c.err_peer && cache_) {
     // Kept for the next link to this worker (see EndpointCache).
     cache_->Put(peer_address_, c.ep);
@@ -497,7 +490,7 @@ void UcxChannel::Close(net::Deadline drain_until) {
   for (auto& [id, op] : left) {
     op.t->PartDone(Status::Failed("link to " + c.engine + " closed with the transfer unanswered"));
   }
-  if (!idle) destroy_keys();
+  if (!idle) c.DestroyKeys();
 }
 
 }  // namespace hixl::transport::ucx

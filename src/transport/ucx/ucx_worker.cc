@@ -175,27 +175,26 @@ void Worker::SettleLingering(bool worker_gone) {
 void Worker::Run() {
   pthread_setname_np(pthread_self(), "hixl-ucx");
   using Clock = std::chrono::steady_clock;
+  // Links given up with operations UCX still holds are looked at every
+  // kLingerCheckMs, both at the top of each round and inside the spin: UCX
+  // may stay busy without end with operations queued for a peer that does
+  // not drain them (progress always reporting work, or arm answering BUSY).
   auto last_settle = Clock::now();
+  auto settle_when_due = [&] {
+    if (Clock::now() - last_settle < std::chrono::milliseconds(kLingerCheckMs)) return;
+    last_settle = Clock::now();
+    SettleLingering(/*worker_gone=*/false);
+  };
   while (!stop_.load(std::memory_order_acquire)) {
+    settle_when_due();
     // After activity, keep progressing for a short while before sleeping: a
     // burst (an emulated put's next piece, a flush answer) is served without
     // a wake-up. Bounded, so an idle worker sleeps.
-    // Links given up with operations UCX still holds are looked at here, at
-    // the top: UCX may stay busy without end with operations queued for a
-    // peer that does not drain them (progress, or arm answering BUSY).
-    if (Clock::now() - last_settle >= std::chrono::milliseconds(kLingerCheckMs)) {
-      last_settle = Clock::now();
-      SettleLingering(/*worker_gone=*/false);
-    }
     auto idle_since = Clock::now();
     for (unsigned i = 1; Clock::now() - idle_since < std::chrono::microseconds(kSpinUs); ++i) {
       if (ucp_worker_progress(worker_) != 0) idle_since = Clock::now();
       if (stop_.load(std::memory_order_relaxed)) break;
-      if (i % 1024 == 0 &&
-          Clock::now() - last_settle >= std::chrono::milliseconds(kLingerCheckMs)) {
-        last_settle = Clock::now();
-        SettleLingering(/*worker_gone=*/false);
-      }
+      if (i % 1024 == 0) settle_when_due();
     }
     ucs_status_t s = ucp_worker_arm(worker_);
     if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
