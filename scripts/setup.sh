@@ -18,6 +18,8 @@ PACKAGES+=(nftables)
 PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytest python3-torch)
 # The performance pictures (tools/plots/*.py) and their test.
 PACKAGES+=(python3-matplotlib)
+# scripts/stress.sh --hog: the CPU hog beside repeated test runs.
+PACKAGES+=(stress-ng)
 
 # scripts/setup.sh --fuzz: also clang and libFuzzer's runtime (the fuzz stage of scripts/test.sh).
 if [ "${1:-}" = "--fuzz" ]; then

@@ -1,67 +1,147 @@
 #!/usr/bin/env bash
-# Sets up and runs every test: the release build, then AddressSanitizer+UBSan
-# and ThreadSanitizer builds of the library and its tests, then a consumer
-# project that uses the installed package through find_package(hixl).
+# Sets up and runs every test, stage by stage (docs/TESTING.md):
+#   setup     Debian packages (scripts/setup.sh --fuzz)
+#   release   release build with the Python modules; every test, pytest included
+#   pip       `pip install ./python` into a fresh venv, then the installed packages move bytes
+#   asan      AddressSanitizer+UBSan build; every test
+#   tsan      ThreadSanitizer build; every test
+#   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
+#   package   cmake --install, a consumer project through find_package(hixl),
+#             the Python packages from the installed tree
+#
+#   scripts/test.sh              all stages, in this order
+#   scripts/test.sh STAGE...     only these (each builds what it needs)
+#
+# Each stage's wall time is printed as it ends, and a table of all of them at
+# the end (also when a stage fails). Tests of one build run two at a time
+# (HIXL_TEST_JOBS); the ten slowest of each are listed after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --fuzz
+root="$(pwd)"
 
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(pwd)/tests/tsan_ucx.supp"
-
-# UCX's own signal handlers and malloc/mmap hooks fight the sanitizers.
-# LeakSanitizer also reports what UCX keeps of its own at exit (tests/lsan_ucx.supp).
-sanitizer_ucx_env() {
-  export UCX_HANDLE_ERRORS=none UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none
-  export LSAN_OPTIONS="suppressions=$(pwd)/tests/lsan_ucx.supp"
-}
-
-run_ctest() {
-  local dir="$1"
-  echo "=== tests: $dir ==="
-  (cd "$dir" && ctest --output-on-failure -j 2 --timeout 300)
-}
-
-bash scripts/build.sh release
-run_ctest build
-
-echo "=== python: the hixl and llm_datadist modules (pybind11) and their pytest tests ==="
-HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3" bash scripts/build.sh release
-PYTHONPATH=build/python timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
-
-echo "=== python: pip install ./python into a fresh venv, then use the installed packages ==="
-timeout 900 bash tests/python_packaging/pip_install_test.sh "$(pwd)" "$(pwd)/build/pip-test"
-
-bash scripts/build.sh asan
-sanitizer_ucx_env
-run_ctest build-asan
-
-bash scripts/build.sh tsan
-run_ctest build-tsan
-
-echo "=== fuzz: every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${HIXL_FUZZ_SECONDS:-45} s each ==="
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF -DHIXL_WITH_ETCD=ON >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target hixl_fuzz_control hixl_fuzz_datadist hixl_fuzz_handle \
-  hixl_fuzz_lane hixl_fuzz_discovery
-for t in control datadist handle lane discovery; do
-  work="build-fuzz/run-$t"
-  rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work/"
-  # A crash, leak or sanitizer report ends the run non-zero (and set -e stops here).
-  timeout 300 build-fuzz/tests/fuzz/hixl_fuzz_$t -max_total_time="${HIXL_FUZZ_SECONDS:-45}" \
-    -rss_limit_mb=4096 -artifact_prefix="build-fuzz/crash-$t-" "$work" 2>&1 | tail -3
-  echo "fuzz $t: no crash"
+all_stages=(setup release pip asan tsan fuzz package)
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
+for s in "${stages[@]}"; do
+  case " ${all_stages[*]} " in *" $s "*) ;; *)
+    echo "usage: $0 [${all_stages[*]}]..." >&2; exit 2 ;;
+  esac
 done
 
-echo "=== package: install + find_package(hixl) ==="
-prefix="$(pwd)/build/install-test"
-rm -rf "$prefix" build/consumer
-cmake --install build --prefix "$prefix" >/dev/null
-cmake -S tests/package_consumer -B build/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build build/consumer -j "$(nproc)" >/dev/null
-build/consumer/hixl_consumer
-echo "=== package: the Python packages cmake --install put under the prefix ==="
-(cd /tmp && PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 "$OLDPWD/tests/python_packaging/smoke.py")
+source scripts/test-env.sh
+jobs="${HIXL_TEST_JOBS:-2}"
+
+# --- stage timing ----------------------------------------------------------
+declare -a done_names=() done_secs=() done_result=()
+t_all=$(date +%s)
+current=""
+t_stage=0
+summary() {
+  local rc=$?
+  if [ -n "$current" ]; then
+    done_names+=("$current"); done_secs+=($(($(date +%s) - t_stage))); done_result+=("FAILED (exit $rc)")
+  fi
+  echo
+  echo "=== time per stage ==="
+  printf '%-10s %8s  %s\n' stage seconds result
+  local i
+  for i in "${!done_names[@]}"; do
+    printf '%-10s %8d  %s\n' "${done_names[$i]}" "${done_secs[$i]}" "${done_result[$i]}"
+  done
+  printf '%-10s %8d\n' total $(($(date +%s) - t_all))
+}
+trap summary EXIT
+begin() { current="$1"; t_stage=$(date +%s); echo; echo "=== stage $1: $2 ==="; }
+end() {
+  local secs=$(($(date +%s) - t_stage))
+  done_names+=("$current"); done_secs+=("$secs"); done_result+=("passed")
+  echo "=== stage $current: ${secs} s ==="
+  current=""
+}
+want() { case " ${stages[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# Runs every test of one build directory; lists its ten slowest tests.
+run_ctest() {
+  local dir="$1"
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 300 --output-junit ctest-junit.xml)
+  python3 - "$dir/ctest-junit.xml" <<'EOF' || true
+import sys, xml.etree.ElementTree as ET
+cases = [(float(c.get("time", 0)), c.get("name")) for c in ET.parse(sys.argv[1]).iter("testcase")]
+print("slowest of %d tests (%.0f s in all):" % (len(cases), sum(t for t, _ in cases)))
+for t, n in sorted(cases, reverse=True)[:10]:
+    print("  %7.1f s  %s" % (t, n))
+EOF
+}
+
+# --- stages ----------------------------------------------------------------
+if want setup; then
+  begin setup "Debian packages"
+  bash scripts/setup.sh --fuzz
+  end
+fi
+
+if want release || want package; then
+  begin release "release build with the Python modules, every test"
+  HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3 ${HIXL_CMAKE_ARGS:-}" \
+    bash scripts/build.sh release
+  if want release; then (hixl_test_env "$root" release && run_ctest build); fi
+  end
+fi
+
+if want pip; then
+  begin pip "pip install ./python into a fresh venv, then use the installed packages"
+  timeout 900 bash tests/python_packaging/pip_install_test.sh "$root" "$root/build/pip-test"
+  end
+fi
+
+if want asan; then
+  begin asan "AddressSanitizer+UBSan build, every test"
+  bash scripts/build.sh asan
+  (hixl_test_env "$root" asan && run_ctest build-asan)
+  end
+fi
+
+if want tsan; then
+  begin tsan "ThreadSanitizer build, every test"
+  bash scripts/build.sh tsan
+  (hixl_test_env "$root" tsan && run_ctest build-tsan)
+  end
+fi
+
+if want fuzz; then
+  fuzz_secs="${HIXL_FUZZ_SECONDS:-45}"
+  begin fuzz "every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${fuzz_secs} s each"
+  targets=(control datadist handle lane discovery)
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF -DHIXL_WITH_ETCD=ON >/dev/null
+  cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/hixl_fuzz_}"
+  # Each fuzzer is one thread: two at a time keep both cores busy. A crash,
+  # leak or sanitizer report ends its run non-zero, and the stage fails.
+  fuzz_one() {
+    local t="$1" work="build-fuzz/run-$1"
+    rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/"$t"/* "$work/"
+    if timeout 300 build-fuzz/tests/fuzz/hixl_fuzz_"$t" -max_total_time="$fuzz_secs" -rss_limit_mb=4096 \
+         -artifact_prefix="build-fuzz/crash-$t-" "$work" >"build-fuzz/fuzz-$t.log" 2>&1; then
+      echo "fuzz $t: no crash; $(grep -o 'cov: [0-9]*' "build-fuzz/fuzz-$t.log" | tail -1), corpus $(ls "$work" | wc -l)"
+    else
+      tail -40 "build-fuzz/fuzz-$t.log"; echo "fuzz $t: FAILED (build-fuzz/fuzz-$t.log)"; return 1
+    fi
+  }
+  export -f fuzz_one; export fuzz_secs
+  printf '%s\n' "${targets[@]}" | xargs -P 2 -I{} bash -c 'fuzz_one {}'
+  end
+fi
+
+if want package; then
+  begin package "install + find_package(hixl); the Python packages from the installed tree"
+  prefix="$root/build/install-test"
+  rm -rf "$prefix" build/consumer
+  cmake --install build --prefix "$prefix" >/dev/null
+  cmake -S tests/package_consumer -B build/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build build/consumer -j "$(nproc)" >/dev/null
+  build/consumer/hixl_consumer
+  (cd /tmp && PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 "$root/tests/python_packaging/smoke.py")
+  end
+fi
 
 echo "all test stages passed"
