@@ -62,7 +62,7 @@ for ((r = 1; r <= runs; r++)); do
     flavour="${s%%:*}" label=""
     [ "$s" != "$flavour" ] && label="${s#*:}"
     dir="$(dir_of "$flavour")"
-    args=(-j "$jobs" --timeout 300 --output-junit "$logs/$flavour-$r.xml")
+    args=(-j "$jobs" --timeout 300 --output-on-failure --output-junit "$logs/$flavour-$r.xml")
     [ -n "$label" ] && args+=(-L "$label")
     log="$logs/${s//:/-}-$r.log"
     t0=$(date +%s)
