@@ -144,9 +144,14 @@ TEST_P(DdTransfer, PagedCachesFoundByBlocksCacheKey) {
 // 12000 blocks of 64 bytes: one transfer of 10^4 scattered blocks (pull) and
 // one of a 10^4-block run (push).
 TEST_P(DdTransfer, TenThousandBlockLists) {
-  DdPeer* p = Spawn(1, "prompt");
+  // A pull of 10^4 scattered blocks over UCX took over the default 1 s
+  // (llm.SyncKvCacheWaitTime) on a loaded machine: the deadline here only
+  // bounds a hang.
+  PeerSpec slow;
+  slow.wait_ms = 30000;
+  DdPeer* p = Spawn(1, "prompt", slow);
   ASSERT_NE(p, nullptr);
-  DdPeer* d = Spawn(2, "decoder");
+  DdPeer* d = Spawn(2, "decoder", slow);
   ASSERT_NE(d, nullptr);
   constexpr uint64_t kBlocks = 12000;
   const CacheRef src = p->Cache("kv", 2, "fp16", {kBlocks, 32});
