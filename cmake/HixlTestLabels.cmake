@@ -8,7 +8,8 @@
 # cases of the parameterized suites (".../TCP") as well as the tcp-only ones.
 #
 # The labels that must always find tests, and those reserved for suites still
-# to come, are listed here; tests/check_labels.cmake holds the build to them.
+# to come, are listed here; the test test_labels (tests/check_labels.py)
+# holds the build to them.
 set(HIXL_TEST_AREA_LABELS
   tcp shm ucx capi datadist multihost auth fault load fuzz discovery python)
 set(HIXL_TEST_COMING_LABELS gpu vllm sglang cs)
