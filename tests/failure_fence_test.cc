@@ -3,6 +3,8 @@
 // afterwards, into either side's memory, on tcp (a stopped target), shm (the
 // initiator's own copy threads) and UCX; async deadlines and CancelTransfer
 // against a stopped target. Fixtures and helpers: failure_common.h.
+#include <fstream>
+
 #include "failure_common.h"
 
 namespace {
@@ -298,6 +300,19 @@ INSTANTIATE_TEST_SUITE_P(OpsAndMemory, FailureShmFenceTest,
                                  Values("alloc", "reg")),
                          ShmFenceName);
 
+// The most bytes the kernel can hold for one tcp link toward a stopped
+// target: each lane's send buffer plus the stopped side's receive buffer, at
+// their autotuning maxima (net.ipv4.tcp_wmem and tcp_rmem, third field).
+size_t KernelBytesForLanes(size_t lanes) {
+  auto max_of = [](const char* path) -> size_t {
+    std::ifstream f(path);
+    size_t lo = 0, def = 0, hi = 0;
+    if (!(f >> lo >> def >> hi)) return 64 * kMiB;  // unknown: assume generous
+    return hi;
+  };
+  return lanes * (max_of("/proc/sys/net/ipv4/tcp_wmem") + max_of("/proc/sys/net/ipv4/tcp_rmem"));
+}
+
 // ---------------------------------------------------------------------------
 // g. Async deadlines (TransferArgs::timeout_ms) and CancelTransfer, against a
 // target stopped for 1.5 s (tcp).
@@ -385,13 +400,20 @@ TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
         << "bytes of the cancelled READ landed after CancelTransfer returned";
   }
 
-  // Cancel a WRITE: nothing lands after CancelTransfer returned.
+  // Cancel a WRITE: nothing lands after CancelTransfer returned. The WRITE
+  // is larger than the kernel can buffer for the link's lanes (TcpLanes=2,
+  // the default), so part of it is still ours to drop when the cancel comes;
+  // a WRITE that all fits is on the wire and ends COMPLETED (hixl.h).
   {
+    const size_t big = KernelBytesForLanes(2) + n;
+    const uintptr_t remote_big = peer->Reg("C", big);
+    ASSERT_NE(remote_big, 0u);
+    Buffer& src_big = KeptBuffer(big, 0x5A);
     ASSERT_NO_FATAL_FAILURE(Stop(*peer));
     ContAfter(*peer, 1500);
     TransferReq req = 0;
-    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src.addr(), remote, n}},
-                                         TransferArgs{}, req));
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE,
+                                         {{src_big.addr(), remote_big, big}}, TransferArgs{}, req));
     SleepMs(50);
     const auto t0 = Clock::now();
     HIXL_EXPECT_OK(engine_.CancelTransfer(req));
@@ -401,12 +423,12 @@ TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
     HIXL_EXPECT_OK(engine_.GetTransferStatus(req, st, reason));
     EXPECT_EQ(st, TransferStatus::CANCELLED) << Name(st) << " " << reason.ToString();
     EXPECT_EQ(reason.code(), StatusCode::kCancelled) << reason.ToString();
-    ASSERT_TRUE(peer->Ok("fill R 0xAC"));
+    ASSERT_TRUE(peer->Ok("fill C 0xAC"));
     JoinConts();
     SleepMs(500);
-    EXPECT_EQ(peer->Hash("R", 0, n), ConstHashHex(0xAC, n))
+    EXPECT_EQ(peer->Hash("C", 0, big), ConstHashHex(0xAC, big))
         << "bytes of the cancelled WRITE landed after CancelTransfer returned";
-    EXPECT_EQ(peer->Send("canary R"), "OK intact");
+    EXPECT_EQ(peer->Send("canary C"), "OK intact");
   }
 
   // The link still works.
