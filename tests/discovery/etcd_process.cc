@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -23,21 +24,47 @@ extern char** environ;
 
 namespace hixl::testing {
 
-int PickFreePort() {
+namespace {
+
+// Whether a TCP listener could bind 127.0.0.1:port now (0: any; *got the port).
+bool Bindable(int port, int* got) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
+  if (fd < 0) return false;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (ok && got) *got = ntohs(a.sin_port);
   close(fd);
-  return port;
+  return ok;
+}
+
+// The first port the kernel hands out to connections and port-0 binds.
+int EphemeralLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  if (f >> lo >> hi && lo > 1024) return lo;
+  return 32768;
+}
+
+}  // namespace
+
+// A free port below the ephemeral range: etcd is restarted on the same
+// ports, and while it is down a port the kernel hands out (to any of the
+// tests running beside this one) could be taken by another connection.
+int PickFreePort() {
+  const int hi = EphemeralLow();
+  const int lo = hi > 12000 ? 10000 : 1025;
+  std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  std::uniform_int_distribution<int> pick(lo, hi - 1);
+  int port = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (Bindable(pick(rng), &port)) return port;
+  }
+  return Bindable(0, &port) ? port : 0;
 }
 
 namespace {
