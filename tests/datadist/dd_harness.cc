@@ -33,7 +33,8 @@ std::map<std::string, std::string> InstanceOptions(const std::string& link,
   std::map<std::string, std::string> o;
   o[llm_datadist::options::kGlobalResourceConfig] = ResourceConfig(link, heartbeat_ms);
   if (!listen.empty()) o[llm_datadist::options::kListenIpInfo] = listen;
-  if (wait_ms > 0) o[llm_datadist::options::kSyncKvCacheWaitTime] = std::to_string(wait_ms);
+  o[llm_datadist::options::kSyncKvCacheWaitTime] =
+      std::to_string(wait_ms > 0 ? wait_ms : kHarnessWaitMs);
   return o;
 }
 
@@ -68,9 +69,8 @@ DdPeer::DdPeer(PeerSpec spec) : spec_(std::move(spec)) {
   l.options.push_back("peer.role=" + spec_.role);
   l.options.push_back(std::string(llm_datadist::options::kGlobalResourceConfig) + "=" +
                       ResourceConfig(spec_.link, spec_.heartbeat_ms));
-  if (spec_.wait_ms > 0)
-    l.options.push_back(std::string(llm_datadist::options::kSyncKvCacheWaitTime) + "=" +
-                        std::to_string(spec_.wait_ms));
+  l.options.push_back(std::string(llm_datadist::options::kSyncKvCacheWaitTime) + "=" +
+                      std::to_string(spec_.wait_ms > 0 ? spec_.wait_ms : kHarnessWaitMs));
   for (const auto& e : spec_.extra) l.options.push_back(e);
   l.listen = spec_.listen ? "127.0.0.1:0" : "none";
   proc_ = std::make_unique<hixl_test::PeerProcess>(std::move(l));

@@ -24,6 +24,11 @@
 
 namespace dd_test {
 
+// llm.SyncKvCacheWaitTime of every instance a test does not set one for:
+// generous, so that a transfer on a loaded machine is not cut short by the
+// library's 1 s default. Tests of that wait set their own (wait_ms).
+inline constexpr int kHarnessWaitMs = 30000;
+
 // llm.GlobalResourceConfig JSON carrying hixl engine options.
 std::string ResourceConfig(const std::string& link, int heartbeat_ms = 0);
 // Initialize options of an in-process instance: link type, optional
@@ -49,7 +54,7 @@ struct PeerSpec {
   std::string link;            // "SHM" / "TCP"
   bool listen = true;          // false: llm.ListenIpInfo not set
   int heartbeat_ms = 0;        // HeartbeatIntervalMs (0: default)
-  int wait_ms = 0;             // llm.SyncKvCacheWaitTime (0: default)
+  int wait_ms = 0;             // llm.SyncKvCacheWaitTime (0: kHarnessWaitMs)
   std::vector<std::string> extra;  // further "Key=Value" Initialize options
 };
 
