@@ -689,7 +689,13 @@ TEST_P(BadTransportTest, PeerDeregistersRegionWithTransfersInFlight) {
   }
   // DeregisterMem is only for RegisterMem'd memory here: the engine reserves
   // AllocMem memory to FreeMem (see PeerFreesAllocMemWithTransfersInFlight).
-  ASSERT_TRUE(peer_->Ok("dereg big", 15000));
+  // TIMEOUT: this process did not confirm within DeregisterTimeoutMs (a
+  // loaded machine), lost its link, and may still write (hixl.h): the region
+  // is no longer checked for late bytes then.
+  const std::string dereg = peer_->Send("dereg big", 15000);
+  const bool warned = dereg.rfind("ERR TIMEOUT", 0) == 0;
+  ASSERT_TRUE(dereg == "OK" || warned) << dereg;
+  if (warned) std::printf("[ info ] %s\n", dereg.c_str());
   // DeregisterMem has returned on the peer: no copy may touch the region any
   // more. So the region's content right now is final: take it now, then
   // overwrite it with 0x42 and check nothing arrives later.
@@ -711,6 +717,7 @@ TEST_P(BadTransportTest, PeerDeregistersRegionWithTransfersInFlight) {
   for (size_t i = 0; i < kReqs; ++i) {
     if (end[i] != TransferStatus::COMPLETED) continue;
     ++completed;
+    if (warned) continue;
     EXPECT_EQ(at_dereg[i], src_hash)
         << "req " << i << " reports COMPLETED but its bytes were not in place when the peer's "
         << "DeregisterMem returned";
@@ -719,8 +726,10 @@ TEST_P(BadTransportTest, PeerDeregistersRegionWithTransfersInFlight) {
   HIXL_EXPECT_NOT_OK(engine_.TransferSync(peer_->engine(), TransferOp::WRITE,
                                           {{src.addr(), remote, kLen}}, 2000));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(peer_->Hash("big", 0, kReqs * kLen), filled)
-      << "the region was written after the peer's DeregisterMem returned";
+  if (!warned) {
+    EXPECT_EQ(peer_->Hash("big", 0, kReqs * kLen), filled)
+        << "the region was written after the peer's DeregisterMem returned";
+  }
   EXPECT_TRUE(peer_->Ok("canary big"));
   EXPECT_TRUE(peer_->Ok("ping"));
 }

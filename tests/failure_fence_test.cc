@@ -3,6 +3,8 @@
 // afterwards, into either side's memory, on tcp (a stopped target), shm (the
 // initiator's own copy threads) and UCX; async deadlines and CancelTransfer
 // against a stopped target. Fixtures and helpers: failure_common.h.
+#include <sys/mman.h>
+
 #include <fstream>
 
 #include "failure_common.h"
@@ -10,6 +12,7 @@
 namespace {
 
 using namespace failure_test;  // NOLINT: the suite's shared fixtures and helpers
+using hixl::MemHandle;
 
 // ---------------------------------------------------------------------------
 // f. The timeout fence: a transfer that returned TIMEOUT never writes a byte
@@ -412,8 +415,8 @@ TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
     ASSERT_NO_FATAL_FAILURE(Stop(*peer));
     ContAfter(*peer, 1500);
     TransferReq req = 0;
-    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE,
-                                         {{src_big.addr(), remote_big, big}}, TransferArgs{}, req));
+    HIXL_ASSERT_OK(engine_.TransferAsync(to, TransferOp::WRITE, {{src_big.addr(), remote_big, big}},
+                                         TransferArgs{}, req));
     SleepMs(50);
     const auto t0 = Clock::now();
     HIXL_EXPECT_OK(engine_.CancelTransfer(req));
@@ -437,3 +440,97 @@ TEST_F(TcpFailureTest, AsyncDeadlineAndCancel) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// h. A peer that cannot confirm a region's removal (a stopped initiator)
+// loses its link after DeregisterTimeoutMs. Where its own process may still
+// write what it had issued (shm's cross-memory attach, UCX), the target
+// cannot stop those bytes: DeregisterMem returns TIMEOUT naming the peer (the
+// application keeps the memory), and FreeMem leaves the range reserved with
+// fresh pages until Finalize. Over tcp the target's lanes stop it: both
+// succeed. (The peer's hello names its LinkType; AUTO would count as any.)
+// A peer that confirms changes nothing.
+
+// Whether [p, p+1 page) is mapped in this process.
+bool Mapped(void* p) { return msync(p, static_cast<size_t>(getpagesize()), MS_ASYNC) == 0; }
+
+class LaggardTest : public FailureBase, public ::testing::WithParamInterface<std::string> {
+ protected:
+  LaggardTest() { link_ = GetParam(); }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, LaggardTest, ValuesIn(hixl_test::AllLinkTypes()),
+                         LinkParamName);
+
+TEST_P(LaggardTest, RegionRemovalWithAStoppedPeer) {
+  if (const std::string why = hixl_test::SkipUcxTargetHere(link_); !why.empty())
+    GTEST_SKIP() << why;
+  PeerProcess* peer = StartPeer({"LinkType=" + link_});
+  ASSERT_NE(peer, nullptr);
+  const size_t n = 1 * kMiB;
+  ASSERT_NE(peer->Reg("b", n), 0u);
+  ASSERT_TRUE(peer->Ok("fillpat b 61"));
+  const int dereg_ms = 1000 * kSlow;
+  HIXL_ASSERT_OK(Init(engine_, {{opt::kDeregisterTimeoutMs, std::to_string(dereg_ms)}}));
+  Buffer& confirmed = KeptBuffer(n, 0x21);
+  Buffer& user = KeptBuffer(n, 0x22);
+  MemHandle hc = 0, hu = 0;
+  HIXL_ASSERT_OK(engine_.RegisterMem({confirmed.addr(), n}, hixl::MemType::MEM_HOST, hc));
+  HIXL_ASSERT_OK(engine_.RegisterMem({user.addr(), n}, hixl::MemType::MEM_HOST, hu));
+  void* alloc_confirmed = nullptr;
+  void* alloc = nullptr;
+  HIXL_ASSERT_OK(engine_.AllocMem(n, hixl::MemType::MEM_HOST, &alloc_confirmed));
+  HIXL_ASSERT_OK(engine_.AllocMem(n, hixl::MemType::MEM_HOST, &alloc));
+  const std::string us = engine_.LocalEngine();
+  ASSERT_TRUE(peer->Ok("connect " + us + " 5000"));
+  EXPECT_EQ(peer->Send("linktype " + us),
+            std::string("OK ") + hixl::LinkTypeName(hixl_test::LinkTypeOf(link_)));
+  auto write_cmd = [&](uintptr_t to) {
+    return "write b 0 " + us + " " + std::to_string(to) + " " + std::to_string(n) + " 5000";
+  };
+  ASSERT_TRUE(peer->Ok(write_cmd(user.addr())));
+  ASSERT_EQ(user.HashHex(), peer->Hash("b", 0, n));
+
+  // A running peer confirms: both calls succeed and the memory goes at once.
+  HIXL_EXPECT_OK(engine_.DeregisterMem(hc));
+  HIXL_EXPECT_OK(engine_.FreeMem(alloc_confirmed));
+  EXPECT_FALSE(Mapped(alloc_confirmed)) << "FreeMem kept memory no peer could still reach";
+
+  // A stopped peer cannot confirm.
+  ASSERT_NO_FATAL_FAILURE(Stop(*peer));
+  auto t0 = Clock::now();
+  Status s = engine_.DeregisterMem(hu);
+  EXPECT_GE(ElapsedMs(t0), dereg_ms - 50) << "gave up before DeregisterTimeoutMs";
+  if (link_ == "TCP") {
+    HIXL_EXPECT_OK(s);
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+    EXPECT_NE(s.message().find(peer->engine()), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(link_ == "SHM" ? "shm" : "ucx"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("do not free or reuse"), std::string::npos) << s.ToString();
+  }
+  HIXL_EXPECT_OK(engine_.DeregisterMem(hu));  // gone: a second call is a no-op
+  HIXL_EXPECT_OK(engine_.FreeMem(alloc));
+  // AllocMem memory is mapped by shm peers (their copies land in their own
+  // mapping) and served by tcp's own lanes; UCX cannot stop a dropped peer's
+  // puts, so the range stays, with fresh pages.
+  EXPECT_EQ(Mapped(alloc), link_ == "UCX") << "FreeMem's range after a peer was dropped";
+
+  // The peer runs again, its link gone. Over tcp the target's lanes refuse
+  // the write. Over shm the peer may write before it notices the loss, with
+  // its own process: what the TIMEOUT above warned of (seen here). Over UCX
+  // a late put into the freed range lands in the reserved pages.
+  std::memset(user.data(), 0x33, n);
+  Cont(*peer);
+  const std::string late = peer->Send(write_cmd(user.addr()));
+  const std::string late_alloc = peer->Send(write_cmd(reinterpret_cast<uintptr_t>(alloc)));
+  std::cout << "late writes: " << late << " / " << late_alloc << std::endl;
+  EXPECT_TRUE(peer->Ok("ping"));
+  if (link_ == "TCP") {
+    EXPECT_EQ(late.rfind("ERR", 0), 0u) << "a write into a deregistered region: " << late;
+    EXPECT_EQ(user.HashHex(), Buffer(n, 0x33).HashHex());
+  }
+
+  // Finalize gives the reserved range back.
+  engine_.Finalize();
+  EXPECT_FALSE(Mapped(alloc)) << "Finalize kept a FreeMem'd range";
+}

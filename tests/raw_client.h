@@ -339,7 +339,9 @@ class RawControl {
                             // This raw client sends no heartbeats: it asks for
                             // the longest interval (the peer is started with it
                             // too) so the peer never gives it up mid-test.
-                            {"hb", 600000u}};
+                            {"hb", 600000u},
+                            // It moves data only over tcp lanes.
+                            {"lt", 2u}};
     if (!auth_nonce_hex.empty()) hello["auth"] = auth_nonce_hex;
     return hello;
   }

@@ -15,6 +15,13 @@
 // Regions registered or deregistered after Connect reach connected peers.
 // DeregisterMem returns only after every connected peer has stopped using the
 // region: transfers already checked against it have finished, later ones fail.
+// A peer that does not confirm within DeregisterTimeoutMs loses its link. Its
+// process may still write what it had issued where it writes by itself (shm's
+// cross-memory attach on this host; UCX's software RMA and cma): DeregisterMem
+// then returns TIMEOUT and the application must keep the memory unused until
+// Finalize or until that peer links again; FreeMem keeps the address range
+// reserved (fresh pages) until Finalize. tcp, and UCX over RDMA hardware from
+// another host, stop such a peer at the target.
 //
 // Local addresses (TransferOpDesc::local_addr) are plain pointers in the
 // calling process; they need not be registered for the shm transport.
@@ -280,13 +287,16 @@ class HIXL_EXPORT Hixl {
   // Removes a registration (see the class comment for the guarantee).
   // Deregistering an unknown or already removed handle is a no-op; the handle
   // of AllocMem memory is refused (PARAM_INVALID): release it with FreeMem.
+  // TIMEOUT: deregistered, but a peer whose link was dropped may still write
+  // into the memory (the message names it): do not free or reuse it yet.
   Status DeregisterMem(MemHandle handle);
 
   // Allocates engine-owned shareable memory (memfd, huge pages when the
   // system offers them), registered READ|WRITE; local peers map it, so their
   // accesses are plain memory copies. *ptr is page-aligned.
   Status AllocMem(size_t size, MemType type, void** ptr);
-  // Deregisters and releases memory from AllocMem.
+  // Deregisters and releases memory from AllocMem (its address range stays
+  // reserved until Finalize while a dropped peer may still write into it).
   Status FreeMem(void* ptr);
   // The handle AllocMem registered for ptr (the region's start address).
   Status GetMemHandle(void* ptr, MemHandle& handle) const;

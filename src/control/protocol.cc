@@ -71,6 +71,7 @@ wire::Msg EncodeHello(const Hello& h) {
   wire::Msg m = {{"t", "hello"},   {"v", h.version}, {"engine", h.engine}, {"gen", h.generation},
                  {"host", h.host}, {"pid", h.pid},   {"hb", h.hb_ms}};
   if (h.has_auth) m["auth"] = auth::Hex(h.cn.data(), h.cn.size());
+  if (h.link != LinkType::AUTO) m["lt"] = static_cast<uint32_t>(h.link);
   return m;
 }
 
@@ -133,6 +134,13 @@ Status DecodeHello(const wire::Msg& m, Hello& out) {
   if (m.contains("auth")) {
     if (!GetHex(m, "auth", h.cn)) return Status::ParamInvalid("malformed auth nonce");
     h.has_auth = true;
+  }
+  if (m.contains("lt")) {
+    uint32_t lt = 0;
+    if (!wire::GetU32(m, "lt", lt) || lt > static_cast<uint32_t>(LinkType::UCX)) {
+      return Status::ParamInvalid("malformed link type");
+    }
+    h.link = static_cast<LinkType>(lt);
   }
   out = std::move(h);
   return Status::Ok();

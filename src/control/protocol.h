@@ -36,6 +36,7 @@
 
 #include "auth/auth.h"
 #include "common/wire.h"
+#include "hixl/hixl.h"
 #include "hixl/status.h"
 
 namespace hixl::control {
@@ -69,6 +70,9 @@ struct Hello {
   uint32_t hb_ms = kDefaultHeartbeatMs;
   bool has_auth = false;  // the initiator offers authentication with nonce cn
   auth::Nonce cn{};
+  // The initiator's LinkType option: the transports it may use toward the
+  // target (AUTO: any; absent on the wire means AUTO).
+  LinkType link = LinkType::AUTO;
 };
 
 struct Challenge {

@@ -231,6 +231,13 @@ void Hixl::Impl::SendWelcome(Conn& c, const control::Hello& h) {
   }
   c.established = true;
   c.peer_name = h.engine;
+  c.peer_view = transport::LostPeer{h.host == host::HostIdentity(), h.link};
+  c.peer_pid = h.pid;
+  {
+    // Linked again: it noticed the old link's loss, which ended its writes.
+    std::lock_guard<std::mutex> lock(dereg_mu_);
+    dropped_.erase(h.engine);
+  }
   Send(c, control::EncodeWelcome(w));
   HIXL_LOG(INFO) << "accepted link from " << h.engine << " (pid " << h.pid << ")"
                  << (c.authenticated ? ", authenticated" : "");
@@ -462,6 +469,9 @@ void Hixl::Impl::CloseConn(uint64_t id, const std::string& why, bool quiet) {
     inbox_.CloseConn(id);                           // what its ring holds is still delivered
     std::lock_guard<std::mutex> lock(dereg_mu_);
     for (auto& [seq, w] : dereg_waits_) w.waiting.erase(id);
+    // A link dropped here (hung, silent, misbehaving) may still have bytes
+    // on their way; one its peer closed (goodbye, exit) has none to send.
+    if (!quiet && c->established) dropped_[c->peer_name] = DroppedPeer{c->peer_view, c->peer_pid};
     dereg_cv_.notify_all();
   } else if (c->peer) {
     // The peer is gone, hung or misbehaved: its metadata goes, its transfers

@@ -3,6 +3,7 @@
 // plane (the loop thread) in control_plane.cc.
 #include "engine/engine.h"
 
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -24,6 +25,15 @@ namespace {
 
 using engine_detail::kIdleTickMs;
 constexpr int kFinalizeDrainMs = 5000;  // Finalize lets pieces on the wire land this long
+
+// "peer a" or "peers a, b" (for messages about peers that lost their link).
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out = names.size() == 1 ? "peer " : "peers ";
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += (i ? ", " : "") + (names[i].empty() ? std::string("(unnamed)") : names[i]);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -164,6 +174,7 @@ void Hixl::Impl::Finalize() {
   {
     std::lock_guard<std::mutex> lock(dereg_mu_);
     dereg_waits_.clear();
+    dropped_.clear();
   }
   dereg_cv_.notify_all();
   regions_.Clear();
@@ -280,15 +291,52 @@ Status Hixl::Impl::DeregisterMem(MemHandle handle) {
   // lost its link), then goes.
   auto r = regions_.Retire(handle);
   if (!r) return Status::Ok();  // unknown, already removed or being removed: no-op
-  Status s = RevokeFromPeers(handle);
+  RevokeFromPeers(handle);
   regions_.Remove(handle);
+  std::vector<std::string> dropped;
+  const std::string exposed = StillReachable(*r, &dropped);
   for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
   // No peer maps it any more: pages moved into shared memory go back.
   {
     std::lock_guard<std::mutex> lock(share_mu_);
     shares_.erase(handle);
   }
-  return s;
+  if (!exposed.empty()) {
+    // The application owns the memory: only it can keep it out of use.
+    return Status::Timeout(
+        "DeregisterMem: the region is deregistered, but " + JoinNames(dropped) +
+        " lost the link without confirming that it stopped writing (DeregisterTimeoutMs is " +
+        std::to_string(opts_.dereg_timeout_ms) + " ms), and writes it had already issued over " +
+        exposed + " may still land in the region: do not free or reuse this memory before " +
+        "Finalize (or before that peer links again)");
+  }
+  return Status::Ok();
+}
+
+std::string Hixl::Impl::StillReachable(const memory::LocalRegion& r,
+                                       std::vector<std::string>* who) {
+  std::set<std::string> via;
+  std::lock_guard<std::mutex> lock(dereg_mu_);
+  for (auto it = dropped_.begin(); it != dropped_.end();) {
+    const DroppedPeer& d = it->second;
+    if (d.view.same_host && d.pid > 0 && kill(static_cast<pid_t>(d.pid), 0) != 0 &&
+        errno == ESRCH) {
+      it = dropped_.erase(it);  // its process is gone, and its writes with it
+      continue;
+    }
+    bool reaches = false;
+    for (const auto& t : transports_) {
+      if (t->LostPeerMayReach(r, d.view)) {
+        via.insert(t->name());
+        reaches = true;
+      }
+    }
+    if (reaches) who->push_back(it->first);
+    ++it;
+  }
+  std::string names;
+  for (const auto& n : via) names += (names.empty() ? "" : ", ") + n;
+  return names;
 }
 
 Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
@@ -348,17 +396,36 @@ Status Hixl::Impl::FreeMem(void* ptr) {
     a = it->second;
     allocs_.erase(it);
   }
-  Status s;
+  std::string exposed;
+  std::vector<std::string> dropped;
   if (auto r = regions_.Retire(a.handle)) {  // as in DeregisterMem
-    s = RevokeFromPeers(a.handle);
+    RevokeFromPeers(a.handle);
     regions_.Remove(a.handle);
+    exposed = StillReachable(*r, &dropped);
     for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
+  }
+  if (a.memfd >= 0) ::close(a.memfd);
+  if (!exposed.empty()) {
+    // A dropped peer's writes already on their way (over a transport that
+    // cannot stop them) must land somewhere harmless: fresh private pages
+    // take the range's place, so nothing else can be mapped there, until
+    // Finalize. If they cannot, the old pages stay instead.
+    void* q = mmap(ptr, a.mapped_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    HIXL_LOG(WARN) << "FreeMem: " << JoinNames(dropped)
+                   << " lost the link without confirming that it stopped writing; writes already "
+                      "issued over "
+                   << exposed << " may still arrive, so its " << a.mapped_len
+                   << " bytes of address space stay reserved until Finalize"
+                   << (q == MAP_FAILED ? " (with their old pages)" : "");
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    quarantined_.emplace_back(ptr, a.mapped_len);
+    return Status::Ok();
   }
   // Peers that mapped the memfd keep their own mapping of these pages until
   // they drop the region, so unmapping here can never fault a peer.
   munmap(ptr, a.mapped_len);
-  if (a.memfd >= 0) ::close(a.memfd);
-  return s;
+  return Status::Ok();
 }
 
 Status Hixl::Impl::GetMemHandle(void* ptr, MemHandle& handle) const {
@@ -376,6 +443,8 @@ void Hixl::Impl::FreeAllocs() {
     if (a.memfd >= 0) ::close(a.memfd);
   }
   allocs_.clear();
+  for (auto& [ptr, len] : quarantined_) munmap(ptr, len);
+  quarantined_.clear();
 }
 
 void Hixl::Impl::BroadcastRegionAdd(std::vector<control::RegionDesc> regions) {
@@ -388,8 +457,8 @@ void Hixl::Impl::BroadcastRegionAdd(std::vector<control::RegionDesc> regions) {
   });
 }
 
-Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
-  if (!listening_) return Status::Ok();  // nobody can have connected to us
+void Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
+  if (!listening_) return;  // nobody can have connected to us
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(dereg_mu_);
@@ -399,10 +468,12 @@ Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
   bool posted = loop_.Post([this, seq, region_id] {
     wire::Msg m = control::EncodeRegionDel(seq, {region_id});
     std::set<uint64_t> waiting;
+    std::map<uint64_t, std::pair<std::string, DroppedPeer>> who;
     for (auto& [id, c] : conns_) {
       if (c->accepted && c->established) {
         Send(*c, m);
         waiting.insert(id);
+        who[id] = {c->peer_name, DroppedPeer{c->peer_view, c->peer_pid}};
       }
     }
     std::lock_guard<std::mutex> lock(dereg_mu_);
@@ -410,13 +481,14 @@ Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
     if (it != dereg_waits_.end()) {
       it->second.sent = true;
       it->second.waiting = std::move(waiting);
+      it->second.who = std::move(who);
     }
     dereg_cv_.notify_all();
   });
   std::unique_lock<std::mutex> lock(dereg_mu_);
   if (!posted) {
     dereg_waits_.erase(seq);
-    return Status::Ok();
+    return;
   }
   auto deadline = net::DeadlineAfterMs(opts_.dereg_timeout_ms);
   bool done = dereg_cv_.wait_until(lock, deadline, [&] {
@@ -426,18 +498,18 @@ Status Hixl::Impl::RevokeFromPeers(uint64_t region_id) {
   std::set<uint64_t> laggards;
   if (auto it = dereg_waits_.find(seq); it != dereg_waits_.end()) {
     laggards = it->second.waiting;
+    // Dropped from now on (CloseConn below runs on the loop, later).
+    for (uint64_t id : laggards) dropped_[it->second.who[id].first] = it->second.who[id].second;
     dereg_waits_.erase(it);
   }
   lock.unlock();
-  if (!done && !laggards.empty()) {
-    // A peer that cannot confirm it stopped using the region loses its link.
-    loop_.Post([this, laggards] {
-      for (uint64_t id : laggards) {
-        CloseConn(id, "did not confirm a region removal in time", false);
-      }
-    });
-  }
-  return Status::Ok();
+  if (done || laggards.empty()) return;
+  // A peer that cannot confirm it stopped using the region loses its link.
+  loop_.Post([this, laggards] {
+    for (uint64_t id : laggards) {
+      CloseConn(id, "did not confirm a region removal in time", false);
+    }
+  });
 }
 
 // ---------------------------------------------------------------- transfers

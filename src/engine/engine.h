@@ -137,6 +137,9 @@ class Hixl::Impl {
     std::shared_ptr<Tx> tx = std::make_shared<Tx>();
     std::shared_ptr<Peer> peer;  // outbound connections
     int hb_ms = 1000;            // this link's heartbeat interval: min of both sides'
+    // Accepted links: the initiator's host, pid and LinkType (its hello).
+    transport::LostPeer peer_view;
+    int64_t peer_pid = 0;
     // Accepted connections while the target waits for the initiator's proof
     // (after its challenge): the hello, and the target's nonce.
     bool awaiting_auth = false;
@@ -171,9 +174,16 @@ class Hixl::Impl {
     uint64_t seq;
     std::vector<std::weak_ptr<memory::RemoteRegion>> regions;
   };
+  // An accepted link this engine dropped (hung, silent, did not confirm a
+  // removal) while its peer may still have had writes on their way.
+  struct DroppedPeer {
+    transport::LostPeer view;
+    int64_t pid = 0;
+  };
   struct DeregWait {
     bool sent = false;
     std::set<uint64_t> waiting;  // accepted connections yet to acknowledge
+    std::map<uint64_t, std::pair<std::string, DroppedPeer>> who;  // their peers
   };
   struct Alloc {
     int memfd = -1;
@@ -244,7 +254,13 @@ class Hixl::Impl {
   // Lets every transport prepare a just-added region; on an error undoes it
   // (the region is removed again) and returns the error.
   Status PrepareLocalRegion(const memory::LocalRegion& r);
-  Status RevokeFromPeers(uint64_t region_id);
+  // Tells every accepted peer that region_id is gone and waits (up to
+  // DeregisterTimeoutMs) for each to confirm; the links of those that did
+  // not are dropped (and remembered in dropped_).
+  void RevokeFromPeers(uint64_t region_id);
+  // The transports through which peers whose links this engine dropped may
+  // still reach r ("shm, ucx"; names in *who); empty when none can.
+  std::string StillReachable(const memory::LocalRegion& r, std::vector<std::string>* who);
   void FreeAllocs();
 
   // Loop thread only.
@@ -313,6 +329,9 @@ class Hixl::Impl {
 
   std::mutex alloc_mu_;
   std::unordered_map<void*, Alloc> allocs_;
+  // FreeMem'd ranges that a dropped peer may still write (StillReachable):
+  // fresh throwaway pages, unmapped by Finalize once the transports stopped.
+  std::vector<std::pair<void*, size_t>> quarantined_;
   // Registered application memory local peers map (memory/user_share.h),
   // by handle. share_mu_ serializes RegisterMem/DeregisterMem of such
   // memory: a move of pages must not race another on the same pages.
@@ -339,6 +358,8 @@ class Hixl::Impl {
   std::mutex dereg_mu_;
   std::condition_variable dereg_cv_;
   std::unordered_map<uint64_t, DeregWait> dereg_waits_;
+  // By engine name, until it links again or (same host) its process is gone.
+  std::map<std::string, DroppedPeer> dropped_;
   uint64_t next_seq_ = 1;
 };
 

@@ -70,6 +70,7 @@ Status Hixl::Impl::Handshake(const net::HostPort& to, net::Deadline deadline, ne
   h.host = host::HostIdentity();
   h.pid = getpid();
   h.hb_ms = static_cast<uint32_t>(opts_.hb_interval_ms);
+  h.link = opts_.link;
   const bool have_secret = !opts_.auth_secret.empty();
   if (have_secret) {
     if (Status s = auth::RandomNonce(h.cn); !s.ok()) return s;

@@ -164,6 +164,12 @@ class Channel {
   }
 };
 
+// What a target knows of a peer whose link it dropped (from its hello).
+struct LostPeer {
+  bool same_host = false;
+  LinkType link = LinkType::AUTO;  // the peer's LinkType option: AUTO may be any
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -198,6 +204,16 @@ class Transport {
   virtual void RevokeRegion(uintptr_t addr, size_t len) {
     (void)addr;
     (void)len;
+  }
+  // Target side: whether a peer whose link was dropped may still move bytes
+  // it had already issued into or out of r -- bytes the peer's own process
+  // moves (cross-memory attach, UCX's software and cma paths) that nothing
+  // in this process can stop. False: ForgetPeer/FenceLanes and RevokeRegion
+  // stop every byte of a dropped peer.
+  virtual bool LostPeerMayReach(const memory::LocalRegion& r, const LostPeer& peer) const {
+    (void)r;
+    (void)peer;
+    return false;
   }
   // Initiator side.
   virtual bool CanReach(const PeerInfo& peer, std::string& why) const = 0;

@@ -98,6 +98,10 @@ TEST(Protocol, HelloAndWelcomeRoundTrip) {
   EXPECT_EQ(h2.engine, "127.0.0.1:5");
   EXPECT_EQ(h2.generation, 77u);
   EXPECT_EQ(h2.pid, 123);
+  EXPECT_EQ(h2.link, hixl::LinkType::AUTO);  // not sent: AUTO
+  h.link = hixl::LinkType::TCP;
+  ASSERT_TRUE(control::DecodeHello(Roundtrip(control::EncodeHello(h)), h2).ok());
+  EXPECT_EQ(h2.link, hixl::LinkType::TCP);
   control::Welcome w;
   w.engine = "e";
   w.generation = 9;
@@ -124,6 +128,11 @@ TEST(Protocol, RejectsBadIdentityAndRegions) {
   m["gen"] = "one";
   EXPECT_FALSE(control::DecodeHello(Roundtrip(m), h).ok());
   m = control::EncodeHello({control::kProtocolVersion, std::string(1000, 'e'), 1, "h", 1});
+  EXPECT_FALSE(control::DecodeHello(Roundtrip(m), h).ok());
+  m = control::EncodeHello({control::kProtocolVersion, "e", 1, "h", 1});
+  m["lt"] = 4u;  // no such link type
+  EXPECT_FALSE(control::DecodeHello(Roundtrip(m), h).ok());
+  m["lt"] = "tcp";
   EXPECT_FALSE(control::DecodeHello(Roundtrip(m), h).ok());
 
   std::vector<control::RegionDesc> out;

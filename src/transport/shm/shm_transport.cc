@@ -116,6 +116,15 @@ class ShmTransport final : public Transport {
     std::erase_if(tokens_, [&](const auto& kv) { return kv.second.conn_id == conn_id; });
   }
 
+  bool LostPeerMayReach(const memory::LocalRegion& r, const LostPeer& peer) const override {
+    // Peers map a shared region's file: once it is gone their copies land
+    // in pages nobody else uses. Bytes they reach by cross-memory attach are
+    // written by their own process, straight into this one.
+    if (uds_name_.empty() || !peer.same_host) return false;
+    if (peer.link != LinkType::AUTO && peer.link != LinkType::SHM) return false;
+    return !(r.share.fd >= 0 && r.share.region_off == 0 && r.share.len == r.len);
+  }
+
   bool CanReach(const PeerInfo& peer, std::string& why) const override {
     if (peer.host_id != host::HostIdentity()) {
       why = "shm needs both engines on one host (same kernel, network and pid namespace); peer " +

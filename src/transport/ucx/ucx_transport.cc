@@ -93,6 +93,24 @@ class UcxTransport : public Transport {
     mapped_.erase(it);
   }
 
+  bool LostPeerMayReach(const memory::LocalRegion& r, const LostPeer& peer) const override {
+    // UCX's software RMA (puts this worker applies as they arrive) and cma
+    // (the peer's own process_vm_writev) do not look at keys: a dropped
+    // peer's puts still land. From another host with an RDMA device here,
+    // the NIC refuses the unmapped key. Under AUTO a peer on this host uses
+    // UCX only where the host has an RDMA device (CanReach).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (worker_ == nullptr || r.len == 0) return false;
+    }
+    const bool rdma = HaveRdmaDevice();
+    switch (peer.link) {
+      case LinkType::UCX: return peer.same_host || !rdma;
+      case LinkType::AUTO: return peer.same_host ? rdma : !rdma;
+      default: return false;
+    }
+  }
+
   bool CanReach(const PeerInfo& peer, std::string& why) const override {
     if (peer.info == nullptr || !peer.info->is_object() || !peer.info->contains("addr")) {
       why = "peer " + peer.engine + " offers no UCX endpoint (its build has no UCX, or UCX failed "
