@@ -128,7 +128,11 @@ class UcxAbandonedLinkTest : public FailureBase {
     remote_ = peer_->Reg("R", n * kLen);
     ASSERT_NE(remote_, 0u);
     ASSERT_TRUE(peer_->Ok("fillpat R 7"));
-    HIXL_ASSERT_OK(Init(engine_, kFastHeartbeats));
+    // Fast heartbeats, but every request must be posted before the stopped
+    // target is declared dead: under a sanitizer on a loaded machine posting
+    // them can take longer than 300 ms.
+    HIXL_ASSERT_OK(Init(engine_, {{opt::kHeartbeatIntervalMs, "100"},
+                                  {opt::kHeartbeatMisses, std::to_string(3 * kSlow)}}));
     ASSERT_NO_FATAL_FAILURE(ConnectTo(engine_, *peer_));
     dst_ = &KeptBuffer(n * kLen, 0x11);
     ASSERT_NO_FATAL_FAILURE(Stop(*peer_));
