@@ -175,6 +175,43 @@ struct EngineRecord {
 enum class LinkType : uint32_t { AUTO = 0, SHM = 1, TCP = 2, UCX = 3 };
 HIXL_EXPORT const char* LinkTypeName(LinkType t);
 
+// The library's version ("0.1.0"), and how it was built: optional parts,
+// sanitizer and build type ("ucx=on etcd=on sanitizer=none type=Release").
+HIXL_EXPORT const char* Version();
+HIXL_EXPORT const char* BuildInfo();
+
+// A transport this build has (GetTransports): whether it started on this
+// host, and why not or what it runs on.
+struct TransportInfo {
+  std::string name;  // "shm", "tcp", "ucx"
+  LinkType type = LinkType::AUTO;
+  bool usable = false;
+  std::string detail;  // not usable: why; usable: what it runs on (may be empty)
+};
+
+// One region a connected peer registered (PeerStats::regions).
+struct PeerRegionInfo {
+  uint64_t addr = 0;  // in the peer's address space
+  uint64_t len = 0;
+  uint32_t perms = 0;  // MemPerm bits
+};
+
+// What an engine knows of a connected peer (GetPeerStats): diagnostics.
+struct PeerStats {
+  uint64_t generation = 0;
+  int64_t pid = 0;
+  LinkType link = LinkType::AUTO;  // the transport the link uses
+  bool authenticated = false;      // both sides proved the shared secret (AuthSecret)
+  size_t region_count = 0;         // the peer's regions this engine may reach
+  uint64_t region_bytes = 0;
+  // Each region's address, length and permissions: only on an authenticated
+  // link (empty otherwise; the count and bytes above are always given).
+  std::vector<PeerRegionInfo> regions;
+  int32_t heartbeat_ms = 0;   // the link's heartbeat interval (the smaller side's)
+  int64_t last_heard_ms = 0;  // since the peer last sent anything, heartbeats included
+  int32_t in_flight = 0;      // this engine's transfers and notifications to it now
+};
+
 // Option keys for Initialize. Unknown keys and malformed values are rejected.
 namespace options {
 // "AUTO" (default: shm when both engines share a host, else UCX where this
@@ -326,6 +363,13 @@ class HIXL_EXPORT Hixl {
   // name in place of "ip:port"; Connect checks that the engine it reaches has
   // the generation the registry names.
   Status ListEngines(std::vector<EngineRecord>& engines) const;
+
+  // Every transport of this build, in the order AUTO prefers them: which
+  // started on this host, and why the others did not.
+  Status GetTransports(std::vector<TransportInfo>& transports) const;
+  // What this engine knows of a connected peer: NOT_CONNECTED when it has no
+  // link to it. Cheap; meant for diagnostics (hixl-info).
+  Status GetPeerStats(const std::string& remote_engine, PeerStats& stats) const;
 
   // A short application string (at most kMaxLocalInfoLen bytes) this engine
   // hands to every peer that connects to it, in the handshake: how a layer

@@ -335,6 +335,33 @@ typedef struct HixlNotify {
 HIXL_C_EXPORT HixlStatus hixlGetNotifies(HixlEngine engine, HixlNotify* out, size_t capacity,
                                          size_t* count);
 
+/* ------------------------------------------------------------------ discovery */
+
+/* Most bytes of an engine name (HIXL_OPTION_ENGINE_NAME) and of an engine
+ * address ("ip:port" or "[v6]:port"). */
+#define HIXL_MAX_ENGINE_NAME_LEN 128
+#define HIXL_MAX_ADDRESS_LEN 64
+
+/* An engine registered in etcd discovery: its name, the address of its
+ * control listener and its generation (a new one each time it starts). Any
+ * call that takes a remote engine accepts the name in place of the address. */
+typedef struct HixlEngineRecord {
+  char name[HIXL_MAX_ENGINE_NAME_LEN + 1];
+  char address[HIXL_MAX_ADDRESS_LEN + 1];
+  uint64_t generation;
+} HixlEngineRecord;
+
+/* With HIXL_OPTION_METADATA_SERVER: the engines registered under this
+ * engine's HIXL_OPTION_METADATA_PREFIX (itself included, when it listens), as
+ * its registry watch last saw them, in name order. Writes the first
+ * min(capacity, total) records to out and sets *count to the total: when
+ * *count > capacity the list did not fit (call again with a larger array; it
+ * may have changed in between). out may be NULL when capacity is 0 (to learn
+ * the count). Never blocks on etcd. Without a metadata server:
+ * HIXL_UNSUPPORTED. */
+HIXL_C_EXPORT HixlStatus hixlListEngines(HixlEngine engine, HixlEngineRecord* out, size_t capacity,
+                                         size_t* count);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

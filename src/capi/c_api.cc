@@ -904,6 +904,29 @@ HixlStatus hixlGetNotifies(HixlEngine engine, HixlNotify* out, size_t capacity, 
   return HIXL_SUCCESS;
 }
 
+HixlStatus hixlListEngines(HixlEngine engine, HixlEngineRecord* out, size_t capacity,
+                           size_t* count) {
+  auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
+  if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
+  if (out == nullptr && capacity != 0) return Invalid("out is NULL with a capacity above 0");
+  if (count == nullptr) return Invalid("count output pointer is NULL");
+  std::vector<hixl::EngineRecord> list;
+  if (hixl::Status s = e->engine.ListEngines(list); !s.ok()) return FromCxx(s);
+  for (size_t i = 0; i < list.size() && i < capacity; ++i) {
+    HixlEngineRecord& o = out[i];
+    // Names and addresses were checked when decoded; clamp anyway.
+    const size_t nl = std::min(list[i].name.size(), sizeof(o.name) - 1);
+    std::memcpy(o.name, list[i].name.data(), nl);
+    o.name[nl] = '\0';
+    const size_t al = std::min(list[i].address.size(), sizeof(o.address) - 1);
+    std::memcpy(o.address, list[i].address.data(), al);
+    o.address[al] = '\0';
+    o.generation = list[i].generation;
+  }
+  *count = list.size();
+  return HIXL_SUCCESS;
+}
+
 HixlStatus hixlDestroyRequest(HixlRequest request) {
   auto* r = Lookup<RequestImpl>(request, Kind::kRequest);
   if (r == nullptr) return Invalid("request is NULL, destroyed or not a request handle");

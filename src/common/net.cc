@@ -122,6 +122,25 @@ Status AbstractAddr(const std::string& name, sockaddr_un& sa, socklen_t& len) {
 
 }  // namespace
 
+bool IsLoopbackOrUnspecified(const std::string& ip) {
+  in_addr a4;
+  if (inet_pton(AF_INET, ip.c_str(), &a4) == 1) {
+    const uint32_t v = ntohl(a4.s_addr);
+    return (v >> 24) == 127 || v == 0;
+  }
+  in6_addr a6;
+  if (inet_pton(AF_INET6, ip.c_str(), &a6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&a6) || IN6_IS_ADDR_UNSPECIFIED(&a6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+      const uint8_t first = a6.s6_addr[12];
+      const bool zero =
+          a6.s6_addr[12] == 0 && a6.s6_addr[13] == 0 && a6.s6_addr[14] == 0 && a6.s6_addr[15] == 0;
+      return first == 127 || zero;
+    }
+  }
+  return false;
+}
+
 Status ParseHostPort(const std::string& s, HostPort& out) {
   HostPort hp;
   if (s.empty()) return Status::ParamInvalid("engine address is empty");
@@ -186,7 +205,8 @@ Status TcpListen(const HostPort& where, Fd& fd, int& bound_port) {
   return Status::Ok();
 }
 
-Status TcpConnect(const HostPort& to, Deadline deadline, Fd& fd) {
+Status TcpConnect(const HostPort& to, Deadline deadline, Fd& fd, int* connect_errno) {
+  if (connect_errno != nullptr) *connect_errno = 0;
   sockaddr_storage ss;
   socklen_t len;
   if (Status s = ToSockaddr(to, ss, len); !s.ok()) return s;
@@ -195,14 +215,20 @@ Status TcpConnect(const HostPort& to, Deadline deadline, Fd& fd) {
   int one = 1;
   setsockopt(sock.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    if (errno != EINPROGRESS) return ErrnoStatus("connect to " + to.ToString(), errno);
+    if (errno != EINPROGRESS) {
+      if (connect_errno != nullptr) *connect_errno = errno;
+      return ErrnoStatus("connect to " + to.ToString(), errno);
+    }
     if (Status s = WaitFd(sock.get(), POLLOUT, deadline, "connect"); !s.ok()) {
       return Status::Timeout("connect to " + to.ToString() + ": no answer before the deadline");
     }
     int err = 0;
     socklen_t elen = sizeof(err);
     getsockopt(sock.get(), SOL_SOCKET, SO_ERROR, &err, &elen);
-    if (err != 0) return ErrnoStatus("connect to " + to.ToString(), err);
+    if (err != 0) {
+      if (connect_errno != nullptr) *connect_errno = err;
+      return ErrnoStatus("connect to " + to.ToString(), err);
+    }
   }
   if (Status s = SetNonBlocking(sock.get(), false); !s.ok()) return s;
   fd = std::move(sock);

@@ -58,12 +58,17 @@ struct HostPort {
 };
 // Parses "ip", "ip:port", "[v6]", "[v6]:port". Ports must be 0..65535.
 Status ParseHostPort(const std::string& s, HostPort& out);
+// An IP literal (no brackets) in 127.0.0.0/8, ::1, 0.0.0.0 or :: (also
+// v4-mapped): an address that means "this host" wherever it is used.
+bool IsLoopbackOrUnspecified(const std::string& ip);
 
 // Bound, listening, non-blocking TCP socket; out.port gets the real port.
 Status TcpListen(const HostPort& where, Fd& fd, int& bound_port);
 // Blocking-with-deadline connect; the socket is returned in blocking mode
 // with TCP_NODELAY set.
-Status TcpConnect(const HostPort& to, Deadline deadline, Fd& fd);
+// connect_errno (optional): the connect's own error number when it failed
+// (ECONNREFUSED: nothing listens there), else 0.
+Status TcpConnect(const HostPort& to, Deadline deadline, Fd& fd, int* connect_errno = nullptr);
 
 // Reads/writes exactly n bytes before the deadline (blocking or non-blocking fd).
 Status ReadFull(int fd, void* buf, size_t n, Deadline deadline);

@@ -259,6 +259,28 @@ Status DecodeNotifyAck(const wire::Msg& m, uint64_t& seq, uint32_t& code, std::s
   return Status::Ok();
 }
 
+wire::Msg EncodeProbe() { return {{"t", "probe"}, {"v", kProtocolVersion}}; }
+
+wire::Msg EncodeIdent(const Ident& id) {
+  return {{"t", "ident"}, {"v", id.version}, {"engine", id.engine}, {"gen", id.generation}};
+}
+
+Status DecodeIdent(const wire::Msg& m, Ident& out) {
+  if (TypeOf(m) != "ident") return Status::ParamInvalid("expected ident, got '" + TypeOf(m) + "'");
+  Ident id;
+  if (!wire::GetU32(m, "v", id.version)) return Status::ParamInvalid("missing protocol version");
+  if (id.version != kProtocolVersion) {
+    return Status::Unsupported("protocol version " + std::to_string(id.version) +
+                               " (this build speaks " + std::to_string(kProtocolVersion) + ")");
+  }
+  if (!wire::GetStr(m, "engine", id.engine, kMaxEngineName) ||
+      !wire::GetU64(m, "gen", id.generation) || id.generation == 0) {
+    return Status::ParamInvalid("malformed engine identity");
+  }
+  out = std::move(id);
+  return Status::Ok();
+}
+
 wire::Msg EncodeHeartbeat() { return {{"t", "hb"}}; }
 
 wire::Msg EncodeBye() { return {{"t", "bye"}}; }

@@ -24,9 +24,17 @@
 //   either way:          hb       {}                  heartbeat, sent when a link is otherwise idle
 //   either way:          bye      {}
 //
+// Instead of a hello, a connection's first message may be a probe: who is
+// listening here? It needs no authentication and links nothing:
+//   prober -> target: probe    {v}
+//   target -> prober: ident    {v, engine, gen}   then the prober closes
+// The registry uses it to tell a dead name holder from a live one; hixl-info
+// to name what listens at an address. It tells only what the engine's own
+// address and handle strings tell (its address and generation).
+//
 // A region is {id, addr, len, perm, fd, tp?}; fd=true means shareable memory
-// the shm transport can map; tp (optional) is {transport name: info}. Every decoder checks types, ranges and limits.
-// Thread safety: stateless functions.
+// the shm transport can map; tp (optional) is {transport name: info}. Every decoder checks types,
+// ranges and limits. Thread safety: stateless functions.
 #ifndef HIXL_CONTROL_PROTOCOL_H_
 #define HIXL_CONTROL_PROTOCOL_H_
 
@@ -92,6 +100,13 @@ struct Welcome {
   std::string info;  // at most kMaxLocalInfo bytes
 };
 
+// The answer to a probe: the listening engine's identity.
+struct Ident {
+  uint32_t version = kProtocolVersion;
+  std::string engine;  // its address ("ip:port")
+  uint64_t generation = 0;
+};
+
 // The message's type ("hello", ...); every decoded message has one.
 std::string TypeOf(const wire::Msg& m);
 
@@ -131,6 +146,10 @@ Status DecodeNotifyAck(const wire::Msg& m, uint64_t& seq, uint32_t& code, std::s
 wire::Msg EncodeLaneFence(uint64_t seq);
 wire::Msg EncodeLaneFenced(uint64_t seq);
 Status DecodeLaneFenceSeq(const wire::Msg& m, uint64_t& seq);
+
+wire::Msg EncodeProbe();
+wire::Msg EncodeIdent(const Ident& id);
+Status DecodeIdent(const wire::Msg& m, Ident& out);
 
 wire::Msg EncodeHeartbeat();
 wire::Msg EncodeBye();

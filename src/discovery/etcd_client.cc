@@ -403,6 +403,47 @@ Status EtcdClient::PutIfAbsent(const std::string& key, const std::string& value,
   return Status::Ok();
 }
 
+Status EtcdClient::PutIfUnchanged(const std::string& key, const std::string& value,
+                                  int64_t lease_id, int64_t mod_revision, int timeout_ms,
+                                  bool& replaced, bool& found, KeyValue& current) {
+  if (key.empty()) return Status::ParamInvalid("etcd txn: empty key");
+  if (mod_revision <= 0) return Status::ParamInvalid("etcd txn: mod_revision must be > 0");
+  const std::string k = Base64Encode(key);
+  json put = {{"key", k}, {"value", Base64Encode(value)}};
+  if (lease_id != 0) put["lease"] = Int(lease_id);
+  json req = {{"compare", json::array({{{"key", k},
+                                        {"result", "EQUAL"},
+                                        {"target", "MOD"},
+                                        {"mod_revision", Int(mod_revision)}}})},
+              {"success", json::array({{{"request_put", put}}})},
+              {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
+  Reply r;
+  Status s = Post("/v3/kv/txn", req.dump(), timeout_ms, &r);
+  if (!s.ok()) return s;
+  std::string why;
+  bool ok_replaced = false;
+  if (!etcdjson::GetBool(r.j, "succeeded", ok_replaced, why)) return Malformed("txn", why);
+  replaced = ok_replaced;
+  found = false;
+  if (ok_replaced) return Status::Ok();
+  auto it = r.j.find("responses");
+  if (it == r.j.end() || !it->is_array() || it->size() != 1 || !(*it)[0].is_object()) {
+    return Malformed("txn", "no range response");
+  }
+  bool ok = true;
+  const json* rr = etcdjson::GetObject((*it)[0], "response_range", why, ok);
+  if (!ok || rr == nullptr) return Malformed("txn", ok ? "no range response" : why);
+  auto kvs = rr->find("kvs");
+  if (kvs == rr->end() || kvs->is_null()) return Status::Ok();  // the key is gone
+  if (!kvs->is_array()) return Malformed("txn", "'kvs' is not an array");
+  if (kvs->empty()) return Status::Ok();
+  KeyValue kv;
+  if (!etcdjson::ParseKeyValue((*kvs)[0], kv, why)) return Malformed("txn", why);
+  current = std::move(kv);
+  found = true;
+  return Status::Ok();
+}
+
 namespace {
 
 Status ParseRange(const json& j, RangeResult& out) {

@@ -114,6 +114,13 @@ class EtcdClient {
   // 0). created tells which; when not created, existing holds the present kv.
   Status PutIfAbsent(const std::string& key, const std::string& value, int64_t lease_id,
                      int timeout_ms, bool& created, KeyValue& existing);
+  // Replaces key with value (bound to lease_id) only while the key's
+  // mod_revision is still mod_revision, i.e. nobody changed it since it was
+  // read (a txn comparing it). replaced tells which; when not replaced,
+  // found says whether the key exists now and current holds it.
+  Status PutIfUnchanged(const std::string& key, const std::string& value, int64_t lease_id,
+                        int64_t mod_revision, int timeout_ms, bool& replaced, bool& found,
+                        KeyValue& current);
   // One key: found false when it does not exist.
   Status Get(const std::string& key, int timeout_ms, bool& found, KeyValue& out,
              int64_t* revision = nullptr);

@@ -1,7 +1,12 @@
 #include "discovery/registry.h"
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <limits>
 
 #include "common/log.h"
 
@@ -11,6 +16,8 @@ namespace {
 constexpr int64_t kMinBackoffMs = 100;
 constexpr int64_t kMaxBackoffMs = 1000;
 constexpr size_t kMaxWarned = 4096;
+// Claim: how many times the key may change under a take-over before giving up.
+constexpr int kMaxClaimRounds = 4;
 
 Status CheckConfig(const RegistryConfig& c) {
   if (!c.self.name.empty()) {  // an empty name: watch only, publish nothing
@@ -138,19 +145,73 @@ bool Registry::WaitMs(int64_t ms, bool wake_on_republish) {
 
 // ---- keeper ------------------------------------------------------------------
 
-Status Registry::Claim(int64_t lease, bool at_start) {
-  bool created = false;
-  KeyValue existing;
-  Status s = client_->PutIfAbsent(key_, value_, lease, cfg_.request_timeout_ms, created, existing);
-  if (!s.ok()) {
-    return Status(s.code(), "registry: cannot publish " + key_ + ": " + s.message());
+bool Registry::HolderGone(const EngineEntry& holder, std::string& why) const {
+  if (holder.host_id == cfg_.self.host_id && holder.pid <= std::numeric_limits<pid_t>::max()) {
+    // Same host and pid namespace (host::HostIdentity): the pid says it.
+    if (::kill(static_cast<pid_t>(holder.pid), 0) != 0 && errno == ESRCH) {
+      why = "its process " + std::to_string(holder.pid) + " no longer exists on this host";
+      return true;
+    }
+    why = "its process " + std::to_string(holder.pid) + " exists";
+  } else {
+    why = "it is on another host";
   }
-  // A retried transaction may find our own put.
-  if (created || (existing.lease == lease && existing.value == value_)) return Status::Ok();
+  if (!cfg_.holder_gone) return false;
+  std::string probe;
+  const bool gone = cfg_.holder_gone(holder, probe);
+  why = gone ? probe : why + " and " + probe;
+  return gone;
+}
+
+Status Registry::Claim(int64_t lease, bool at_start) {
+  std::string alive_why;
+  KeyValue existing;
+  for (int round = 0; round < kMaxClaimRounds; ++round) {
+    bool created = false;
+    existing = KeyValue();
+    Status s =
+        client_->PutIfAbsent(key_, value_, lease, cfg_.request_timeout_ms, created, existing);
+    if (!s.ok()) {
+      return Status(s.code(), "registry: cannot publish " + key_ + ": " + s.message());
+    }
+    // A retried transaction may find our own put.
+    if (created || (existing.lease == lease && existing.value == value_)) return Status::Ok();
+    EngineEntry holder;
+    std::string why;
+    bool gone = false;
+    if (existing.value == value_) {
+      gone = true;  // this engine's own entry, under a lease it lost
+      why = "it is this engine's own entry under an old lease";
+    } else if (DecodeEntry(cfg_.self.name, existing.value, holder).ok()) {
+      gone = HolderGone(holder, why);
+    } else {
+      why = "it is not a hixl entry";
+    }
+    if (!gone) {
+      alive_why = why;
+      break;
+    }
+    // Take it over, unless the entry changed since we read it (another
+    // engine took it first, or the holder's lease expired: look again).
+    bool replaced = false, found = false;
+    KeyValue now;
+    s = client_->PutIfUnchanged(key_, value_, lease, existing.mod_revision, cfg_.request_timeout_ms,
+                                replaced, found, now);
+    if (!s.ok()) {
+      return Status(s.code(), "registry: cannot take over " + key_ + ": " + s.message());
+    }
+    if (replaced) {
+      HIXL_LOG(WARN) << "registry: took over " << key_ << " from "
+                     << Holder(cfg_.self.name, existing) << ": " << why;
+      return Status::Ok();
+    }
+    alive_why = "its entry changed while this engine took the name over";
+  }
   std::string why = "engine name '" + cfg_.self.name + "' is already registered in etcd (" + key_ +
                     ") by " + Holder(cfg_.self.name, existing) +
                     (existing.lease != 0 ? " with a live lease" : " without a lease") +
-                    "; choose another name or stop that engine";
+                    ", and that engine is not known to be gone (" + alive_why +
+                    "); choose another name or stop that engine";
   if (!at_start) why += "; retrying";
   return Status::AlreadyConnected(why);
 }
@@ -280,10 +341,22 @@ void Registry::ApplySnapshot(const RangeResult& r, Changes& changes) {
 
 void Registry::ApplyEvents(const WatchMessage& m, Changes& changes) {
   for (const WatchEvent& ev : m.events) {
-    if (ev.kv.key == key_ && ev.type == WatchEvent::Type::kDelete) {
+    if (!cfg_.self.name.empty() && ev.kv.key == key_ && ev.type == WatchEvent::Type::kDelete) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         republish_ = true;  // our key went while we hold it: claim it again
+      }
+      cv_.notify_all();
+    } else if (!cfg_.self.name.empty() && ev.kv.key == key_ && ev.kv.value != value_) {
+      // Another engine took our name over (it judged us gone). Peers now
+      // find it, not us: say so, and let the keeper claim the name back
+      // (it is refused, and retries, while that engine lives).
+      HIXL_LOG(ERROR) << "registry: " << key_ << " now names " << Holder(cfg_.self.name, ev.kv)
+                      << ", not this engine: peers no longer find this engine by its name";
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        claimed_ = false;  // the keeper claims it again, round after round
+        republish_ = true;
       }
       cv_.notify_all();
     }

@@ -4,9 +4,11 @@
 // round trip.
 //
 //   Start    grants a lease (ttl_s), claims the key with a transaction that
-//            succeeds only if the key does not exist (a name held by a live
-//            engine is refused: ALREADY_CONNECTED naming the holder), lists
-//            the current entries and starts two threads:
+//            succeeds only if the key does not exist, lists the current
+//            entries and starts two threads. A name held by another entry is
+//            taken over when its engine is gone (below); a name held by a
+//            live engine, or one that cannot be shown dead, is refused:
+//            ALREADY_CONNECTED naming the holder and why it counts as alive.
 //   keeper   renews the lease every ttl_s/3; when the lease is gone (expired
 //            while etcd was unreachable, revoked by someone) it grants a new
 //            one and claims the key again; when the key alone was deleted it
@@ -20,7 +22,17 @@
 //            threads (bounded by about twice the request timeout).
 //
 // A process that dies without Stop leaves its key until the lease expires:
-// within ttl_s (plus etcd's expiry check, under a second).
+// within ttl_s (plus etcd's expiry check, under a second). Peers see it until
+// then; an engine restarted under that name need not wait: it takes the name
+// over when the holder is gone — on this host (same host_id) its pid no
+// longer exists, or holder_gone (the engine probes the holder's address)
+// says so. The take-over is one etcd transaction conditioned on the holder's
+// entry being unchanged (its mod_revision), so of two engines racing for one
+// dead name exactly one wins and the other finds the winner alive. Should a
+// live engine's name be taken over all the same (holder_gone judged wrong),
+// the watcher sees its key change hands: an ERROR is logged and the keeper
+// tries to claim the name back (refused, and retried, while the new holder
+// lives).
 //
 // Thread safety: after Start returned OK every method may be called from any
 // thread (Start itself from one thread, once), except that Stop and
@@ -55,6 +67,12 @@ struct RegistryConfig {
                                 // (empty: publish nothing, only watch and look up)
   int ttl_s = 10;               // lease TTL, 2..3600 s
   int request_timeout_ms = 3000;  // each etcd request, 1..60000 ms
+  // Asked when the name is held by another engine's entry that the pid test
+  // does not show dead (another host, or its pid still exists): true when
+  // that engine is gone, with why; false when it is alive or that cannot be
+  // told, with why. Null: only the pid test. Called on the caller's thread
+  // in Start and on the keeper thread, never under a registry lock.
+  std::function<bool(const EngineEntry& holder, std::string& why)> holder_gone;
 };
 
 class Registry {
@@ -103,6 +121,8 @@ class Registry {
   // One renewal (and whatever re-registration it needs).
   Status KeeperStep(int depth = 0);
   Status Claim(int64_t lease, bool at_start);
+  // Whether the engine of holder (another engine's entry under our key) is gone.
+  bool HolderGone(const EngineEntry& holder, std::string& why) const;
   // Waits up to ms or until stopping; false when stopping.
   bool WaitMs(int64_t ms, bool wake_on_republish);
   // Decodes a kv of the watched prefix; false (after one WARN) if invalid.

@@ -76,6 +76,9 @@ void Hixl::Impl::OnConnEvent(uint64_t id, uint32_t events) {
     ssize_t r = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (r > 0) {
       c.last_rx = net::Clock::now();
+      if (c.peer) {
+        c.peer->last_rx_ns.store(c.last_rx.time_since_epoch().count(), std::memory_order_relaxed);
+      }
       c.reader.Append(buf, static_cast<size_t>(r));
       if (static_cast<size_t>(r) < sizeof(buf)) break;
       continue;
@@ -250,6 +253,16 @@ Status Hixl::Impl::HandleMessage(Conn& c, const wire::Msg& m) {
     if (c.awaiting_auth) {
       if (type != "auth") return Status::ParamInvalid("expected auth, got '" + type + "'");
       return HandleAuth(c, m);
+    }
+    if (c.probed) return Status::ParamInvalid("nothing is accepted after a probe");
+    if (type == "probe") {
+      // Who listens here: answered without a link; the prober closes.
+      control::Ident id;
+      id.engine = local_engine_;
+      id.generation = generation_;
+      c.probed = true;
+      Send(c, control::EncodeIdent(id));
+      return Status::Ok();
     }
     if (type != "hello") return Status::ParamInvalid("expected hello, got '" + type + "'");
     return HandleHello(c, m);

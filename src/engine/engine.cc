@@ -80,9 +80,13 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.settings = opts_.transport_settings;
   ctx.notify_sink = &inbox_;
   unavailable_.clear();
+  transport_infos_.clear();
   for (const auto& e : transport::TransportRegistry::Global().Entries()) {
     auto t = e.factory(ctx);
-    if (Status s = t->Start(); !s.ok()) {
+    Status started = t->Start();
+    transport_infos_.push_back(TransportInfo{e.name, e.type, started.ok(),
+                                             started.ok() ? t->Describe() : started.message()});
+    if (Status s = started; !s.ok()) {
       HIXL_LOG(WARN) << "transport " << e.name << " unavailable: " << s.ToString();
       unavailable_ += (unavailable_.empty() ? "" : "; ") + ("transport " + e.name +
                       " (LinkType " + LinkTypeName(e.type) + ") failed to start: " + s.message());

@@ -71,6 +71,8 @@ class Hixl::Impl {
   Status GetLinkType(const std::string& remote, LinkType& type) const;
   Status GetPeerGeneration(const std::string& remote, uint64_t& generation) const;
   Status ListEngines(std::vector<EngineRecord>& out) const;
+  Status GetTransports(std::vector<TransportInfo>& out) const;
+  Status GetPeerStats(const std::string& remote, PeerStats& out) const;
   uint64_t Generation() const { return initialized_.load() ? generation_ : 0; }
   Status SetLocalInfo(const std::string& info);
   Status GetPeerInfo(const std::string& remote, std::string& info) const;
@@ -109,6 +111,9 @@ class Hixl::Impl {
     std::atomic<int> active{0};         // transfers and notifications in flight
     std::atomic<int64_t> last_used{0};  // logical use time, for least-recently-used eviction
     std::atomic<int> ctl_notifies{0};   // notifications sent on the control link, unanswered
+    bool authenticated = false;         // the link authenticated both ways
+    std::atomic<int> hb_ms{0};          // the link's heartbeat interval
+    std::atomic<int64_t> last_rx_ns{0};  // steady clock, when its control link last got bytes
   };
   // Releases Peer::active when the last copy goes (held by a transfer).
   static std::shared_ptr<const void> ActiveToken(const std::shared_ptr<Peer>& p);
@@ -143,6 +148,7 @@ class Hixl::Impl {
     // Accepted connections while the target waits for the initiator's proof
     // (after its challenge): the hello, and the target's nonce.
     bool awaiting_auth = false;
+    bool probed = false;  // its first message was a probe: nothing more is accepted
     control::Hello hello;
     auth::Nonce sn{};
     // The link authenticated both ways; its key binds the data connections.
@@ -309,6 +315,7 @@ class Hixl::Impl {
                        std::string& key, uint64_t& want_gen);
   engine::Naming naming_;
   std::string unavailable_;  // why transports that failed to start did (set in Initialize)
+  std::vector<TransportInfo> transport_infos_;  // every transport's state (set in Initialize)
   EventLoop loop_;
   net::Fd listen_fd_;
 

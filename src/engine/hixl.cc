@@ -5,6 +5,23 @@
 
 namespace hixl {
 
+const char* Version() { return HIXL_VERSION_STRING; }
+
+const char* BuildInfo() {
+#ifdef HIXL_HAVE_UCX
+#define HIXL_INFO_UCX "on"
+#else
+#define HIXL_INFO_UCX "off"
+#endif
+#ifdef HIXL_HAVE_ETCD
+#define HIXL_INFO_ETCD "on"
+#else
+#define HIXL_INFO_ETCD "off"
+#endif
+  return "ucx=" HIXL_INFO_UCX " etcd=" HIXL_INFO_ETCD " sanitizer=" HIXL_SANITIZER_NAME
+         " type=" HIXL_BUILD_TYPE_NAME;
+}
+
 Hixl::Hixl() : impl_(std::make_unique<Impl>()) {}
 Hixl::~Hixl() = default;
 
@@ -54,6 +71,12 @@ Status Hixl::Disconnect(const std::string& remote_engine, int32_t timeout_ms) {
 }
 Status Hixl::GetLinkType(const std::string& remote_engine, LinkType& type) const {
   return impl_->GetLinkType(remote_engine, type);
+}
+Status Hixl::GetTransports(std::vector<TransportInfo>& transports) const {
+  return impl_->GetTransports(transports);
+}
+Status Hixl::GetPeerStats(const std::string& remote_engine, PeerStats& stats) const {
+  return impl_->GetPeerStats(remote_engine, stats);
 }
 
 Status Hixl::TransferSync(const std::string& remote_engine, TransferOp op,

@@ -112,6 +112,8 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   peer->generation = w.generation;
   peer->pid = w.pid;
   peer->info = w.info;
+  peer->authenticated = link_key.has_value();
+  peer->last_rx_ns.store(net::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   transport::PeerInfo info;
   info.engine = name;
   info.address = address;
@@ -305,6 +307,7 @@ Status Hixl::Impl::Connect(const std::string& remote, int32_t timeout_ms) {
   c->peer_name = key;
   c->peer = peer;
   c->hb_ms = LinkHeartbeatMs(w.hb_ms);
+  peer->hb_ms.store(c->hb_ms, std::memory_order_relaxed);
   peer->last_used.store(UseTick(), std::memory_order_relaxed);
   // The loop owns the connection from here; conn ids are loop-assigned.
   auto holder = std::make_shared<std::unique_ptr<Conn>>(std::move(c));
@@ -436,6 +439,36 @@ Status Hixl::Impl::GetPeerGeneration(const std::string& remote, uint64_t& genera
   auto p = FindPeer(remote);
   if (!p) return Status::NotConnected("not connected to " + remote);
   generation = p->generation;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::GetTransports(std::vector<TransportInfo>& out) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  out = transport_infos_;
+  return Status::Ok();
+}
+
+Status Hixl::Impl::GetPeerStats(const std::string& remote, PeerStats& out) const {
+  if (Status s = CheckInitialized(); !s.ok()) return s;
+  auto p = FindPeer(remote);
+  if (!p) return Status::NotConnected("not connected to " + remote);
+  PeerStats st;
+  st.generation = p->generation;
+  st.pid = p->pid;
+  st.link = p->channel->link_type();
+  st.authenticated = p->authenticated;
+  for (const auto& r : p->regions.Snapshot()) {
+    ++st.region_count;
+    st.region_bytes += r->len;
+    if (p->authenticated) st.regions.push_back(PeerRegionInfo{r->addr, r->len, r->perms});
+  }
+  st.heartbeat_ms = p->hb_ms.load(std::memory_order_relaxed);
+  const int64_t rx = p->last_rx_ns.load(std::memory_order_relaxed);
+  st.last_heard_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         net::Clock::now() - net::Clock::time_point(net::Clock::duration(rx)))
+                         .count();
+  st.in_flight = p->active.load(std::memory_order_relaxed);
+  out = std::move(st);
   return Status::Ok();
 }
 

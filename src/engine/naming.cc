@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "common/host.h"
 #include "common/log.h"
+#include "common/net.h"
+#include "engine/probe.h"
 #ifdef HIXL_HAVE_ETCD
 #include "discovery/registry.h"
 #endif
@@ -52,6 +55,48 @@ Status Naming::Start(const Options& o, const std::string& address, uint64_t gene
   c.self.generation = generation;
   c.self.host_id = host::HostIdentity();
   c.self.pid = getpid();
+  // A holder of our name that the pid test cannot show dead (another host,
+  // or a pid that exists) is asked who it is: gone when nothing listens at
+  // its address, or something else (another engine, another program) does.
+  // Bounded so that a few probes fit well inside the new lease's TTL.
+  const int probe_ms =
+      std::clamp(o.handshake_timeout_ms, 100, std::min(3000, o.metadata_ttl_s * 250));
+  c.holder_gone = [probe_ms, address](const discovery::EngineEntry& h, std::string& why) {
+    net::HostPort hp;
+    if (!net::ParseHostPort(h.address, hp).ok()) {
+      why = "its address " + h.address + " cannot be probed";
+      return false;
+    }
+    // Boot id and network namespace alike: its addresses are ours to try.
+    const std::string& self_id = host::HostIdentity();
+    const bool same_network =
+        h.host_id.substr(0, h.host_id.find("/pid:")) == self_id.substr(0, self_id.find("/pid:"));
+    if (same_network && h.address == address) {
+      why = "this engine now listens at its address " + h.address;
+      return true;
+    }
+    if (!same_network && (net::IsLoopbackOrUnspecified(hp.host) || h.address == address)) {
+      why = "its address " + h.address + " is not reachable from this host";
+      return false;
+    }
+    const ProbeResult r = ProbeEngine(h.address, probe_ms);
+    switch (r.kind) {
+      case ProbeResult::Kind::kRefused:
+      case ProbeResult::Kind::kNotHixl: why = r.detail; return true;
+      case ProbeResult::Kind::kIdent:
+        if (r.ident.generation != h.generation) {
+          why = h.address + " now serves another engine (generation " +
+                std::to_string(r.ident.generation) + ", the entry's is " +
+                std::to_string(h.generation) + ")";
+          return true;
+        }
+        why = "it answers at " + h.address;
+        return false;
+      case ProbeResult::Kind::kNoAnswer: break;
+    }
+    why = r.detail;
+    return false;
+  };
   if (!listening) {
     // Nothing to publish: a client-only engine has no address peers can reach.
     c.self.name.clear();

@@ -55,6 +55,14 @@ size_t RemoteRegionTable::size() const {
   return by_id_.size();
 }
 
+std::vector<RegionRef> RemoteRegionTable::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<RegionRef> out;
+  out.reserve(by_addr_.size());
+  for (const auto& [addr, r] : by_addr_) out.push_back(r);
+  return out;
+}
+
 namespace {
 
 Status BadDesc(size_t i, const TransferOpDesc& d, const std::string& why) {

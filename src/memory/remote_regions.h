@@ -76,6 +76,8 @@ class RemoteRegionTable {
   std::vector<RegionRef> Remove(const std::vector<uint64_t>& ids);
   std::vector<RegionRef> RemoveAll();
   size_t size() const;
+  // Every region now in the table (for diagnostics).
+  std::vector<RegionRef> Snapshot() const;
 
   // Checks every descriptor (non-zero length and addresses, no wrap-around,
   // wholly inside one region, permission for op). On success fills slices

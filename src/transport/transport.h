@@ -176,6 +176,9 @@ class Transport {
   virtual const char* name() const = 0;
   virtual LinkType link_type() const = 0;
   virtual Status Start() = 0;
+  // After Start: what it runs on, for diagnostics (e.g. UCX's version and
+  // transports); may be empty.
+  virtual std::string Describe() const { return ""; }
   virtual void Stop() = 0;
   // Target side: fills info with what the accepted peer conn_id needs to
   // use this transport; ForgetPeer revokes it. link_key: the link's key when

@@ -1,23 +1,26 @@
 // Registry against a real etcd: engines find each other by name, Stop and
 // crashes make entries vanish, etcd restarts and leases revoked behind a
-// registry's back are recovered, taken names are refused, foreign values are
+// registry's back are recovered, names held by live engines are refused and
+// those of dead ones taken over (one winner among racers), foreign values are
 // skipped.
 #include "discovery/registry.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "etcd_process.h"
 
@@ -263,6 +266,168 @@ TEST_F(RegistryTest, TakenNameIsRefused) {
   a.Stop();
   Registry c;
   EXPECT_TRUE(c.Start(Config("same", 5003)).ok());
+}
+
+// A registry_child process (host "child-host") holding name at addr; killed
+// and reaped by the caller through its pid.
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  int in = -1;
+  ~Child() { Kill(); }
+  void Kill() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    if (out != nullptr) fclose(out);
+    out = nullptr;
+    if (in >= 0) close(in);
+    in = -1;
+  }
+};
+
+// Starts a child registered as name; false (child stopped) unless it said READY.
+bool SpawnChild(const std::string& endpoints, const std::string& name, const std::string& addr,
+                int ttl_s, Child& c, std::string& line_out) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return false;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::string ep = endpoints, ttl = std::to_string(ttl_s), bin = HIXL_TEST_REGISTRY_CHILD,
+              prefix = "hixl/", n = name, a = addr;
+  char* argv[] = {bin.data(), ep.data(), prefix.data(), n.data(), a.data(), ttl.data(), nullptr};
+  const int rc = posix_spawn(&c.pid, argv[0], &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  c.in = in[1];
+  c.out = fdopen(out[0], "r");
+  if (rc != 0) {
+    c.pid = -1;
+    return false;
+  }
+  char line[256] = {0};
+  const bool ready =
+      fgets(line, sizeof(line), c.out) != nullptr && std::string(line).rfind("READY", 0) == 0;
+  line_out = line;
+  if (!ready) c.Kill();
+  return ready;
+}
+
+// A holder on this host whose process is gone: its name is taken over at
+// once, by one transaction; the old lease no longer owns the key.
+TEST_F(RegistryTest, DeadHolderOnThisHostIsTakenOver) {
+  Child child;
+  std::string line;
+  ASSERT_TRUE(SpawnChild(etcd_.endpoints(), "crashed", "127.0.0.1:6001", 30, child, line)) << line;
+  KeyValue before;
+  ASSERT_TRUE(KeyExists("hixl/engines/crashed", &before));
+  // While it lives, the same host's pid test says alive.
+  RegistryConfig cfg = Config("crashed", 6002);
+  cfg.self.host_id = "child-host";
+  {
+    Registry r;
+    Status s = r.Start(cfg);
+    EXPECT_EQ(s.code(), StatusCode::kAlreadyConnected) << s.ToString();
+    EXPECT_NE(s.message().find("exists"), std::string::npos) << s.message();
+  }
+  child.Kill();
+  const auto t0 = Clock::now();
+  Registry r;
+  ASSERT_TRUE(r.Start(cfg).ok());
+  std::printf(
+      "[timing] took over a dead holder's name %lld ms after its SIGKILL (lease ttl 30 s)\n",
+      static_cast<long long>(MsSince(t0)));
+  KeyValue after;
+  ASSERT_TRUE(KeyExists("hixl/engines/crashed", &after));
+  EXPECT_EQ(after.lease, r.lease_id());
+  EXPECT_NE(after.lease, before.lease);
+  // The dead holder's lease, revoked or expired, no longer removes the key.
+  ASSERT_TRUE(client_->LeaseRevoke(before.lease, 1000).ok());
+  EXPECT_TRUE(KeyExists("hixl/engines/crashed"));
+}
+
+// Another host's holder: holder_gone decides, and sees the holder's entry.
+TEST_F(RegistryTest, HolderGoneDecidesForOtherHosts) {
+  EngineEntry far{"far", "10.9.9.9:7000", 99, "other-host", 1234};
+  ASSERT_TRUE(client_->Put("hixl/engines/far", EncodeEntry(far), 0, 1000).ok());
+  EngineEntry seen;
+  RegistryConfig cfg = Config("far", 6003);
+  cfg.holder_gone = [&](const EngineEntry& h, std::string& why) {
+    seen = h;
+    why = "the test says it answers";
+    return false;
+  };
+  {
+    Registry r;
+    Status s = r.Start(cfg);
+    EXPECT_EQ(s.code(), StatusCode::kAlreadyConnected) << s.ToString();
+    EXPECT_NE(s.message().find("the test says it answers"), std::string::npos) << s.message();
+    EXPECT_EQ(seen, far);
+  }
+  cfg.holder_gone = [](const EngineEntry&, std::string& why) {
+    why = "the test says it is gone";
+    return true;
+  };
+  Registry r;
+  ASSERT_TRUE(r.Start(cfg).ok());
+  KeyValue kv;
+  ASSERT_TRUE(KeyExists("hixl/engines/far", &kv));
+  EXPECT_EQ(kv.lease, r.lease_id());
+  // A live registry of this process is not asked about: its pid exists, and
+  // holder_gone says alive.
+  RegistryConfig again = Config("far", 6004);
+  again.holder_gone = [](const EngineEntry&, std::string& why) {
+    why = "alive";
+    return false;
+  };
+  Registry r2;
+  EXPECT_EQ(r2.Start(again).code(), StatusCode::kAlreadyConnected);
+}
+
+// Registries racing for one dead holder's name: exactly one wins.
+TEST_F(RegistryTest, RacingTakeOversOneWins) {
+  for (int round = 0; round < 5; ++round) {
+    const std::string name = "race-" + std::to_string(round);
+    Child child;
+    std::string line;
+    ASSERT_TRUE(SpawnChild(etcd_.endpoints(), name, "127.0.0.1:6100", 30, child, line)) << line;
+    child.Kill();
+    constexpr int kRacers = 4;
+    std::vector<std::unique_ptr<Registry>> regs;
+    std::vector<Status> got(kRacers);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kRacers; ++i) {
+      regs.push_back(std::make_unique<Registry>());
+      threads.emplace_back([&, i] {
+        RegistryConfig cfg = Config(name, 6200 + i);
+        cfg.self.host_id = "child-host";
+        ready.fetch_add(1);
+        while (ready.load() < kRacers) std::this_thread::yield();
+        got[i] = regs[i]->Start(cfg);
+      });
+    }
+    for (auto& t : threads) t.join();
+    int winners = 0;
+    for (int i = 0; i < kRacers; ++i) {
+      if (got[i].ok()) {
+        ++winners;
+        KeyValue kv;
+        ASSERT_TRUE(KeyExists("hixl/engines/" + name, &kv));
+        EXPECT_EQ(kv.lease, regs[i]->lease_id());
+      } else {
+        EXPECT_EQ(got[i].code(), StatusCode::kAlreadyConnected) << got[i].ToString();
+      }
+    }
+    EXPECT_EQ(winners, 1) << "round " << round;
+  }
 }
 
 TEST_F(RegistryTest, ForeignAndMalformedValuesAreSkipped) {

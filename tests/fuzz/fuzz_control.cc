@@ -52,6 +52,8 @@ void DecodeAll(const hixl::wire::Msg& m) {
   (void)DecodeNotify(m, seq, name, msg);
   uint32_t code = 0;
   (void)DecodeNotifyAck(m, seq, code, why);
+  Ident id;
+  (void)DecodeIdent(m, id);
 }
 
 }  // namespace

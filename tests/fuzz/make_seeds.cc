@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
     Write(d, "rdel_ack", wire::EncodeFrame(control::EncodeRegionDelAck(3)));
     Write(d, "notify", wire::EncodeFrame(control::EncodeNotify(5, "kv-ready", std::string("\0\1msg", 5))));
     Write(d, "nack", wire::EncodeFrame(control::EncodeNotifyAck(5, 7, "queue full")));
+    Write(d, "probe", wire::EncodeFrame(control::EncodeProbe()));
+    control::Ident id;
+    id.engine = "127.0.0.1:5000";
+    id.generation = 9;
+    Write(d, "ident", wire::EncodeFrame(control::EncodeIdent(id)));
     auto two = wire::EncodeFrame(control::EncodeHeartbeat());
     auto bye = wire::EncodeFrame(control::EncodeBye());
     two.insert(two.end(), bye.begin(), bye.end());

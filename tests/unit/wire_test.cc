@@ -117,6 +117,27 @@ TEST(Protocol, HelloAndWelcomeRoundTrip) {
   EXPECT_TRUE(w2.transports.contains("shm"));
 }
 
+TEST(Protocol, ProbeAndIdent) {
+  EXPECT_EQ(control::TypeOf(Roundtrip(control::EncodeProbe())), "probe");
+  control::Ident id{control::kProtocolVersion, "127.0.0.1:9", 42};
+  control::Ident got;
+  ASSERT_TRUE(control::DecodeIdent(Roundtrip(control::EncodeIdent(id)), got).ok());
+  EXPECT_EQ(got.engine, "127.0.0.1:9");
+  EXPECT_EQ(got.generation, 42u);
+  // Another version is UNSUPPORTED (alive, but not ours to judge); anything
+  // else malformed is PARAM_INVALID.
+  wire::Msg m = control::EncodeIdent(id);
+  m["v"] = 2u;
+  EXPECT_EQ(control::DecodeIdent(Roundtrip(m), got).code(), StatusCode::kUnsupported);
+  m = control::EncodeIdent(id);
+  m["gen"] = 0u;
+  EXPECT_EQ(control::DecodeIdent(Roundtrip(m), got).code(), StatusCode::kParamInvalid);
+  m = control::EncodeIdent(id);
+  m.erase("engine");
+  EXPECT_FALSE(control::DecodeIdent(Roundtrip(m), got).ok());
+  EXPECT_FALSE(control::DecodeIdent(Roundtrip(control::EncodeBye()), got).ok());
+}
+
 TEST(Protocol, RejectsBadIdentityAndRegions) {
   control::Hello h;
   wire::Msg m = control::EncodeHello({control::kProtocolVersion, "e", 1, "h", 1});

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -86,6 +87,22 @@ class ShmTransport final : public Transport {
     if (!stop_efd_.valid()) return net::ErrnoStatus("eventfd", errno);
     server_ = std::thread([this] { Serve(); });
     return Status::Ok();
+  }
+
+  std::string Describe() const override {
+    // Cross-memory attach reaches any memory of a peer of the same user
+    // unless Yama restricts ptrace; memory shared by mapping always works.
+    std::string scope = "none";
+    if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+      int v = -1;
+      if (std::fscanf(f, "%d", &v) == 1) scope = std::to_string(v);
+      std::fclose(f);
+    }
+    return "peers on this host: memfd-shared memory by mapping, other memory by cross-memory "
+           "attach (same user; Yama ptrace_scope " +
+           scope +
+           (scope == "none" || scope == "0" ? ")"
+                                            : ": may refuse it; AllocMem memory still works)");
   }
 
   void Stop() override {

@@ -3,8 +3,10 @@
 // connecting (one UcxChannel per link; ucx_channel.cc).
 #include "transport/ucx/ucx_transport.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "common/host.h"
 #include "common/log.h"
@@ -26,6 +28,14 @@ class UcxTransport : public Transport {
     if (Status s = Worker::Create(worker_); !s.ok()) return s;
     eps_ = std::make_shared<EndpointCache>(worker_);
     return Status::Ok();
+  }
+
+  std::string Describe() const override {
+    const char* tls = std::getenv("UCX_TLS");
+    return std::string("UCX ") + ucp_get_version_string() +
+           ", UCX_TLS=" + (tls != nullptr && *tls != '\0' ? tls : "(all)") +
+           (HaveRdmaDevice() ? ", RDMA devices present"
+                             : ", no RDMA device (AUTO links between hosts use tcp)");
   }
 
   void Stop() override {
