@@ -5,8 +5,14 @@
 # the next layer — beside a single-process reference (the tokens must match
 # exactly) and the staged-socket path used before. Extra arguments go to the
 # demo (e.g. --link tcp, --mode pull; --help lists them).
+#
+# Installs only the packages the demo's build needs and builds only the demo
+# and the two libraries it links (in build-demo/, no tests, no optional
+# transports): a few minutes on a fresh 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/build.sh release
-exec build/tools/hixl-pd-demo "$@"
+bash scripts/setup.sh --demo
+cmake -S . -B build-demo -DCMAKE_BUILD_TYPE=Release -DHIXL_BUILD_TESTS=OFF \
+  -DHIXL_BUILD_TOOLS=ON -DHIXL_WITH_UCX=OFF -DHIXL_WITH_ETCD=OFF >/dev/null
+cmake --build build-demo -j "$(nproc)" --target hixl-pd-demo
+exec build-demo/tools/hixl-pd-demo "$@"

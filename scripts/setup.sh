@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs what hixl needs to build and test, from Debian's packages.
 # Idempotent: does nothing when everything is already installed.
+#   scripts/setup.sh           everything the builds and tests need
+#   scripts/setup.sh --fuzz    and clang with libFuzzer (the fuzz stage)
+#   scripts/setup.sh --demo    only what building hixl-pd-demo needs (scripts/demo.sh)
 set -euo pipefail
 
-PACKAGES=(cmake make g++ gcc libgtest-dev nlohmann-json3-dev iproute2)
+# The libraries and the demo: a C++20 compiler, CMake, nlohmann-json, OpenSSL.
+DEMO_PACKAGES=(cmake make g++ gcc nlohmann-json3-dev libssl-dev)
+PACKAGES=("${DEMO_PACKAGES[@]}" libgtest-dev iproute2)
 # Authentication of peers (HMAC-SHA256): OpenSSL's libcrypto.
 PACKAGES+=(libssl-dev)
 # The UCX transport (HIXL_WITH_UCX) and ucx_perftest, its bench baseline.
@@ -20,11 +25,17 @@ PACKAGES+=(python3-dev python3-pybind11 pybind11-dev python3-numpy python3-pytes
 PACKAGES+=(python3-matplotlib)
 # scripts/stress.sh --hog: the CPU hog beside repeated test runs.
 PACKAGES+=(stress-ng)
+# The Debian packages of the package stage (cpack -G DEB runs dpkg-shlibdeps
+# and file), and pkg-config for its consumer checks.
+PACKAGES+=(dpkg-dev file)
 
 # scripts/setup.sh --fuzz: also clang and libFuzzer's runtime (the fuzz stage of scripts/test.sh).
-if [ "${1:-}" = "--fuzz" ]; then
-  PACKAGES+=(clang-14 libclang-rt-14-dev)
-fi
+case "${1:-}" in
+  --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;
+  --demo) PACKAGES=("${DEMO_PACKAGES[@]}") ;;
+  "") ;;
+  *) echo "usage: $0 [--fuzz|--demo]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

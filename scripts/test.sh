@@ -6,8 +6,9 @@
 #   asan      AddressSanitizer+UBSan build; every test
 #   tsan      ThreadSanitizer build; every test
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
-#   package   cmake --install, a consumer project through find_package(hixl),
-#             the Python packages from the installed tree
+#   package   the installed tree as a user meets it (tests/install/check_installed.sh):
+#             cmake --install into a prefix, then moved; then the .deb packages
+#             (cpack) installed with apt-get under /usr, checked, and removed
 #
 #   scripts/test.sh              all stages, in this order
 #   scripts/test.sh STAGE...     only these (each builds what it needs)
@@ -133,14 +134,32 @@ if want fuzz; then
 fi
 
 if want package; then
-  begin package "install + find_package(hixl); the Python packages from the installed tree"
-  prefix="$root/build/install-test"
-  rm -rf "$prefix" build/consumer
-  cmake --install build --prefix "$prefix" >/dev/null
-  cmake -S tests/package_consumer -B build/consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-  cmake --build build/consumer -j "$(nproc)" >/dev/null
-  build/consumer/hixl_consumer
-  (cd /tmp && PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 "$root/tests/python_packaging/smoke.py")
+  begin package "the installed tree from a prefix and from the .deb packages, as a user meets it"
+  # 1. cmake --install into a prefix outside the source and build trees; then
+  #    the same tree moved elsewhere (nothing may depend on where it was).
+  (
+    inst="$(mktemp -d /tmp/hixl-install.XXXXXX)"
+    trap 'rm -rf "$inst"' EXIT
+    cmake --install build --prefix "$inst/prefix" >/dev/null
+    bash tests/install/check_installed.sh "$root" "$inst/prefix"
+    mv "$inst/prefix" "$inst/moved"
+    bash tests/install/check_installed.sh "$root" "$inst/moved"
+  )
+  # 2. The Debian packages, installed with apt-get and checked under /usr,
+  #    then removed again.
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  rm -rf build/packages
+  (cd build && cpack -G DEB >/dev/null)
+  ls -l build/packages/*.deb
+  (
+    remove_debs() { $SUDO apt-get remove -y -q --purge hixl hixl-dev python3-hixl >/dev/null 2>&1 || true; }
+    remove_debs
+    trap remove_debs EXIT  # the machine is left as it was, whatever happens
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      "$root"/build/packages/*.deb >/dev/null
+    bash tests/install/check_installed.sh "$root" /usr
+  )
   end
 fi
 
