@@ -364,68 +364,28 @@ Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t
   return Status::Ok();
 }
 
-Status EtcdClient::PutIfAbsent(const std::string& key, const std::string& value, int64_t lease_id,
-                               int timeout_ms, bool& created, KeyValue& existing) {
+Status EtcdClient::CompareAndPut(const std::string& key, const std::string& value, int64_t lease_id,
+                                 const char* target, const char* field, const std::string& expect,
+                                 int timeout_ms, bool& put, bool& found, KeyValue& current) {
   if (key.empty()) return Status::ParamInvalid("etcd txn: empty key");
   const std::string k = Base64Encode(key);
-  json put = {{"key", k}, {"value", Base64Encode(value)}};
-  if (lease_id != 0) put["lease"] = Int(lease_id);
+  json request_put = {{"key", k}, {"value", Base64Encode(value)}};
+  if (lease_id != 0) request_put["lease"] = Int(lease_id);
   json req = {
       {"compare",
-       json::array({{{"key", k}, {"result", "EQUAL"}, {"target", "CREATE"},
-                     {"create_revision", "0"}}})},
-      {"success", json::array({{{"request_put", put}}})},
+       json::array({{{"key", k}, {"result", "EQUAL"}, {"target", target}, {field, expect}}})},
+      {"success", json::array({{{"request_put", request_put}}})},
       {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
   Reply r;
   Status s = Post("/v3/kv/txn", req.dump(), timeout_ms, &r);
   if (!s.ok()) return s;
   std::string why;
-  bool ok_created = false;
-  if (!etcdjson::GetBool(r.j, "succeeded", ok_created, why)) return Malformed("txn", why);
-  created = ok_created;
-  if (ok_created) return Status::Ok();
-  // The failure branch: responses[0].response_range.kvs[0].
-  auto it = r.j.find("responses");
-  if (it == r.j.end() || !it->is_array() || it->size() != 1 || !(*it)[0].is_object()) {
-    return Malformed("txn", "no range response");
-  }
-  bool ok = true;
-  const json* rr = etcdjson::GetObject((*it)[0], "response_range", why, ok);
-  if (!ok || rr == nullptr) return Malformed("txn", ok ? "no range response" : why);
-  auto kvs = rr->find("kvs");
-  if (kvs == rr->end() || !kvs->is_array() || kvs->empty()) {
-    // Deleted between the compare and the range: cannot happen in one txn.
-    return Malformed("txn", "compare failed but the key is absent");
-  }
-  KeyValue kv;
-  if (!etcdjson::ParseKeyValue((*kvs)[0], kv, why)) return Malformed("txn", why);
-  existing = std::move(kv);
-  return Status::Ok();
-}
-
-Status EtcdClient::PutIfUnchanged(const std::string& key, const std::string& value,
-                                  int64_t lease_id, int64_t mod_revision, int timeout_ms,
-                                  bool& replaced, bool& found, KeyValue& current) {
-  if (key.empty()) return Status::ParamInvalid("etcd txn: empty key");
-  if (mod_revision <= 0) return Status::ParamInvalid("etcd txn: mod_revision must be > 0");
-  const std::string k = Base64Encode(key);
-  json put = {{"key", k}, {"value", Base64Encode(value)}};
-  if (lease_id != 0) put["lease"] = Int(lease_id);
-  json req = {{"compare", json::array({{{"key", k},
-                                        {"result", "EQUAL"},
-                                        {"target", "MOD"},
-                                        {"mod_revision", Int(mod_revision)}}})},
-              {"success", json::array({{{"request_put", put}}})},
-              {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
-  Reply r;
-  Status s = Post("/v3/kv/txn", req.dump(), timeout_ms, &r);
-  if (!s.ok()) return s;
-  std::string why;
-  bool ok_replaced = false;
-  if (!etcdjson::GetBool(r.j, "succeeded", ok_replaced, why)) return Malformed("txn", why);
-  replaced = ok_replaced;
+  bool succeeded = false;
+  if (!etcdjson::GetBool(r.j, "succeeded", succeeded, why)) return Malformed("txn", why);
+  put = succeeded;
   found = false;
-  if (ok_replaced) return Status::Ok();
+  if (succeeded) return Status::Ok();
+  // The failure branch: responses[0].response_range.kvs[0], or no kvs.
   auto it = r.j.find("responses");
   if (it == r.j.end() || !it->is_array() || it->size() != 1 || !(*it)[0].is_object()) {
     return Malformed("txn", "no range response");
@@ -434,7 +394,7 @@ Status EtcdClient::PutIfUnchanged(const std::string& key, const std::string& val
   const json* rr = etcdjson::GetObject((*it)[0], "response_range", why, ok);
   if (!ok || rr == nullptr) return Malformed("txn", ok ? "no range response" : why);
   auto kvs = rr->find("kvs");
-  if (kvs == rr->end() || kvs->is_null()) return Status::Ok();  // the key is gone
+  if (kvs == rr->end() || kvs->is_null()) return Status::Ok();  // the key is absent
   if (!kvs->is_array()) return Malformed("txn", "'kvs' is not an array");
   if (kvs->empty()) return Status::Ok();
   KeyValue kv;
@@ -442,6 +402,24 @@ Status EtcdClient::PutIfUnchanged(const std::string& key, const std::string& val
   current = std::move(kv);
   found = true;
   return Status::Ok();
+}
+
+Status EtcdClient::PutIfAbsent(const std::string& key, const std::string& value, int64_t lease_id,
+                               int timeout_ms, bool& created, KeyValue& existing) {
+  bool found = false;
+  Status s = CompareAndPut(key, value, lease_id, "CREATE", "create_revision", "0", timeout_ms,
+                           created, found, existing);
+  // Deleted between the compare and the range: cannot happen in one txn.
+  if (s.ok() && !created && !found) return Malformed("txn", "compare failed but the key is absent");
+  return s;
+}
+
+Status EtcdClient::PutIfUnchanged(const std::string& key, const std::string& value,
+                                  int64_t lease_id, int64_t mod_revision, int timeout_ms,
+                                  bool& replaced, bool& found, KeyValue& current) {
+  if (mod_revision <= 0) return Status::ParamInvalid("etcd txn: mod_revision must be > 0");
+  return CompareAndPut(key, value, lease_id, "MOD", "mod_revision", Int(mod_revision), timeout_ms,
+                       replaced, found, current);
 }
 
 namespace {

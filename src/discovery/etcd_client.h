@@ -156,6 +156,12 @@ class EtcdClient {
   struct Reply;
   // POSTs body to path; on success *reply holds the parsed JSON object.
   Status Post(const char* path, const std::string& body, int timeout_ms, Reply* reply);
+  // A txn: puts key = value (with lease_id) when the key's `target` revision
+  // (CREATE or MOD; `field` create_revision or mod_revision) equals expect,
+  // else reads the key (found: it exists, current: its kv).
+  Status CompareAndPut(const std::string& key, const std::string& value, int64_t lease_id,
+                       const char* target, const char* field, const std::string& expect,
+                       int timeout_ms, bool& put, bool& found, KeyValue& current);
 
   std::vector<EtcdEndpoint> endpoints_;
   std::atomic<size_t> preferred_{0};  // index of the endpoint that answered last

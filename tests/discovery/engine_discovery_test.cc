@@ -23,6 +23,7 @@
 
 #include "discovery/entry.h"
 #include "discovery/etcd_client.h"
+#include "discovery_test_util.h"
 #include "etcd_process.h"
 #include "hixl/hixl.h"
 #include "peer_process.h"
@@ -34,21 +35,14 @@ using hixl::EngineRecord;
 using hixl::Hixl;
 using hixl::Status;
 using hixl::StatusCode;
+using hixl_test::Contains;
+using hixl_test::Eventually;
+using hixl_test::Listed;
 using hixl_test::PeerProcess;
 using Clock = std::chrono::steady_clock;
 
 int64_t MsSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
-}
-
-// Polls pred every millisecond for up to ms; true as soon as it holds.
-bool Eventually(const std::function<bool()>& pred, int ms) {
-  const auto t0 = Clock::now();
-  while (MsSince(t0) < ms) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return pred();
 }
 
 // Milliseconds since t with microsecond resolution (for the measured figures).
@@ -60,23 +54,6 @@ void Measured(const std::string& what, double ms, const std::string& note = "") 
   std::printf("[ measured ] %s=%.1f%s%s\n", what.c_str(), ms, note.empty() ? "" : "  ",
               note.c_str());
   std::fflush(stdout);
-}
-
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// The record of name in engine's ListEngines (false: not listed, or the call failed).
-bool Listed(const Hixl& engine, const std::string& name, EngineRecord* out = nullptr) {
-  std::vector<EngineRecord> list;
-  if (!engine.ListEngines(list).ok()) return false;
-  for (const auto& r : list) {
-    if (r.name == name) {
-      if (out) *out = r;
-      return true;
-    }
-  }
-  return false;
 }
 
 std::vector<std::string> Names(const Hixl& engine) {

@@ -26,6 +26,7 @@
 #include "common/host.h"
 #include "discovery/entry.h"
 #include "discovery/etcd_client.h"
+#include "discovery_test_util.h"
 #include "etcd_process.h"
 #include "hixl/hixl.h"
 #include "peer_process.h"
@@ -36,36 +37,14 @@ using hixl::EngineRecord;
 using hixl::Hixl;
 using hixl::Status;
 using hixl::StatusCode;
+using hixl_test::Contains;
+using hixl_test::Eventually;
+using hixl_test::Listed;
 using hixl_test::PeerProcess;
 using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-bool Eventually(const std::function<bool()>& pred, int ms) {
-  const auto t0 = Clock::now();
-  while (MsSince(t0) < ms) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return pred();
-}
-
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-bool Listed(const Hixl& engine, const std::string& name, EngineRecord* out = nullptr) {
-  std::vector<EngineRecord> list;
-  if (!engine.ListEngines(list).ok()) return false;
-  for (const auto& r : list) {
-    if (r.name == name) {
-      if (out) *out = r;
-      return true;
-    }
-  }
-  return false;
 }
 
 class NameTakeOverTest : public ::testing::Test {

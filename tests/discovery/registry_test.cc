@@ -136,47 +136,70 @@ TEST_F(RegistryTest, StopRemovesTheKeyAndPeersSeeItGone) {
 }
 
 // A child process holds a registration and is SIGKILLed.
-TEST_F(RegistryTest, KilledProcessVanishesWithinTtl) {
-  Seen seen;  // outlives the registries
-  Registry a;
-  ASSERT_TRUE(a.Start(Config("a", 5001)).ok());
-  seen.Attach(a);
+// A registry_child process (host "child-host") holding name at addr; killed
+// and reaped by the caller through its pid.
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  int in = -1;
+  ~Child() { Kill(); }
+  void Kill() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    if (out != nullptr) fclose(out);
+    out = nullptr;
+    if (in >= 0) close(in);
+    in = -1;
+  }
+};
+
+// Starts a child registered as name; false (child stopped) unless it said READY.
+bool SpawnChild(const std::string& endpoints, const std::string& name, const std::string& addr,
+                int ttl_s, Child& c, std::string& line_out) {
   int in[2], out[2];
-  ASSERT_EQ(pipe(in), 0);
-  ASSERT_EQ(pipe(out), 0);
+  if (pipe(in) != 0 || pipe(out) != 0) return false;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_addclose(&fa, in[1]);
   posix_spawn_file_actions_addclose(&fa, out[0]);
-  const int ttl_s = 2;
-  std::string ep = etcd_.endpoints(), ttl = std::to_string(ttl_s);
-  std::string bin = HIXL_TEST_REGISTRY_CHILD, prefix = "hixl/", name = "child",
-              addr = "127.0.0.1:6000";
-  char* argv[] = {bin.data(), ep.data(), prefix.data(), name.data(), addr.data(), ttl.data(),
-                  nullptr};
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv, environ), 0);
+  std::string ep = endpoints, ttl = std::to_string(ttl_s), bin = HIXL_TEST_REGISTRY_CHILD,
+              prefix = "hixl/", n = name, a = addr;
+  char* argv[] = {bin.data(), ep.data(), prefix.data(), n.data(), a.data(), ttl.data(), nullptr};
+  const int rc = posix_spawn(&c.pid, argv[0], &fa, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
   close(in[0]);
   close(out[1]);
-  FILE* f = fdopen(out[0], "r");
-  char line[256] = {0};
-  bool ready = fgets(line, sizeof(line), f) != nullptr && std::string(line).rfind("READY", 0) == 0;
-  if (!ready) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    fclose(f);
-    close(in[1]);
-    FAIL() << "child: " << line;
+  c.in = in[1];
+  c.out = fdopen(out[0], "r");
+  if (rc != 0) {
+    c.pid = -1;
+    return false;
   }
+  char line[256] = {0};
+  const bool ready =
+      fgets(line, sizeof(line), c.out) != nullptr && std::string(line).rfind("READY", 0) == 0;
+  line_out = line;
+  if (!ready) c.Kill();
+  return ready;
+}
+
+TEST_F(RegistryTest, KilledProcessVanishesWithinTtl) {
+  Seen seen;  // outlives the registries
+  Registry a;
+  ASSERT_TRUE(a.Start(Config("a", 5001)).ok());
+  seen.Attach(a);
+  const int ttl_s = 2;
+  Child child;
+  std::string line;
+  ASSERT_TRUE(SpawnChild(etcd_.endpoints(), "child", "127.0.0.1:6000", ttl_s, child, line)) << line;
   ASSERT_TRUE(Eventually([&] { return seen.State("child") == 1; }, 3000));
-  kill(pid, SIGKILL);
   auto t0 = Clock::now();
-  waitpid(pid, nullptr, 0);
-  fclose(f);
-  close(in[1]);
+  child.Kill();
   ASSERT_TRUE(Eventually([&] { return seen.State("child") == 0; }, (ttl_s + 3) * 1000));
   const int64_t gone_ms = MsSince(t0);
   std::printf("[timing] killed registry (ttl %d s) vanished from the peer's cache after %lld ms\n",
@@ -266,58 +289,6 @@ TEST_F(RegistryTest, TakenNameIsRefused) {
   a.Stop();
   Registry c;
   EXPECT_TRUE(c.Start(Config("same", 5003)).ok());
-}
-
-// A registry_child process (host "child-host") holding name at addr; killed
-// and reaped by the caller through its pid.
-struct Child {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-  int in = -1;
-  ~Child() { Kill(); }
-  void Kill() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-    if (out != nullptr) fclose(out);
-    out = nullptr;
-    if (in >= 0) close(in);
-    in = -1;
-  }
-};
-
-// Starts a child registered as name; false (child stopped) unless it said READY.
-bool SpawnChild(const std::string& endpoints, const std::string& name, const std::string& addr,
-                int ttl_s, Child& c, std::string& line_out) {
-  int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return false;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, in[1]);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::string ep = endpoints, ttl = std::to_string(ttl_s), bin = HIXL_TEST_REGISTRY_CHILD,
-              prefix = "hixl/", n = name, a = addr;
-  char* argv[] = {bin.data(), ep.data(), prefix.data(), n.data(), a.data(), ttl.data(), nullptr};
-  const int rc = posix_spawn(&c.pid, argv[0], &fa, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(in[0]);
-  close(out[1]);
-  c.in = in[1];
-  c.out = fdopen(out[0], "r");
-  if (rc != 0) {
-    c.pid = -1;
-    return false;
-  }
-  char line[256] = {0};
-  const bool ready =
-      fgets(line, sizeof(line), c.out) != nullptr && std::string(line).rfind("READY", 0) == 0;
-  line_out = line;
-  if (!ready) c.Kill();
-  return ready;
 }
 
 // A holder on this host whose process is gone: its name is taken over at
