@@ -112,7 +112,7 @@ fi
 if want fuzz; then
   fuzz_secs="${HIXL_FUZZ_SECONDS:-45}"
   begin fuzz "every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${fuzz_secs} s each"
-  targets=(control datadist handle lane discovery)
+  targets=(control datadist handle lane cs discovery)
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DHIXL_BUILD_FUZZERS=ON -DHIXL_BUILD_TESTS=OFF -DHIXL_BUILD_TOOLS=OFF -DHIXL_WITH_ETCD=ON >/dev/null
   cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/hixl_fuzz_}"

@@ -126,7 +126,7 @@ struct TransferOpDesc {
 // IP alone, so several of them on one host look alike).
 inline constexpr size_t kMaxNotifyNameLen = 1024;  // bytes
 inline constexpr size_t kMaxNotifyMsgLen = 1024;   // bytes (any byte values)
-inline constexpr size_t kMaxLocalInfoLen = 4096;   // bytes (SetLocalInfo)
+inline constexpr size_t kMaxLocalInfoLen = 131072; // bytes (SetLocalInfo)
 struct NotifyDesc {
   std::string name;
   std::string notify_msg;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "capi/handles.h"
+#include "capi/last_error.h"
 #include "capi/mem_handle_string.h"
 #include "common/net.h"
 #include "engine/options.h"
@@ -45,21 +46,26 @@ static_assert(HIXL_MAX_NOTIFY_LEN == hixl::kMaxNotifyMsgLen);
 static_assert(HIXL_MEM_PERM_READ == hixl::MEM_PERM_READ);
 static_assert(HIXL_MEM_PERM_WRITE == hixl::MEM_PERM_WRITE);
 
+namespace hixl::capi {
+std::string& LastError() {
+  thread_local std::string message;
+  return message;
+}
+}  // namespace hixl::capi
+
 namespace {
 
 using namespace hixl::capi;  // NOLINT: the handle table's vocabulary
 
 std::atomic<uint64_t> g_next_request_id{1};
 
-thread_local std::string t_last_error;
-
 HixlStatus Fail(HixlStatus code, std::string msg) {
-  t_last_error = std::move(msg);
+  LastError() = std::move(msg);
   return code;
 }
 HixlStatus FromCxx(const hixl::Status& s) {
   if (s.ok()) return HIXL_SUCCESS;
-  t_last_error = s.ToString();
+  LastError() = s.ToString();
   return static_cast<HixlStatus>(s.code());
 }
 HixlStatus Invalid(const std::string& what) { return Fail(HIXL_PARAM_INVALID, what); }
@@ -350,7 +356,7 @@ const char* hixlGetErrorString(HixlStatus status) {
   return "UNKNOWN: not a hixl status code";
 }
 
-const char* hixlGetLastErrorMessage(void) { return t_last_error.c_str(); }
+const char* hixlGetLastErrorMessage(void) { return LastError().c_str(); }
 
 // ---------------------------------------------------------------- config
 
@@ -803,7 +809,7 @@ HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request) {
   if (r->engine != e) return Invalid("request belongs to another engine");
   RefreshLocked(r);
   if (r->final_status != HIXL_SUCCESS && r->final_status != HIXL_IN_PROGRESS) {
-    t_last_error = r->reason;
+    LastError() = r->reason;
   }
   return r->final_status;
 }
@@ -817,7 +823,7 @@ HixlStatus hixlWaitRequest(HixlEngine engine, HixlRequest request, int32_t timeo
     HixlStatus s = hixlPollRequest(engine, request);
     if (s != HIXL_IN_PROGRESS) return s;
     if (timeout_ms != HIXL_WAIT_FOREVER && std::chrono::steady_clock::now() >= deadline) {
-      t_last_error = "IN_PROGRESS: the wait timed out; the request is still running";
+      LastError() = "IN_PROGRESS: the wait timed out; the request is still running";
       return HIXL_IN_PROGRESS;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));

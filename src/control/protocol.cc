@@ -170,7 +170,7 @@ Status DecodeWelcome(const wire::Msg& m, Welcome& out) {
   }
   w.transports = *tp;
   if (m.contains("info") && !wire::GetStr(m, "info", w.info, kMaxLocalInfo)) {
-    return Status::ParamInvalid("malformed info: not a string of at most 4096 bytes");
+    return Status::ParamInvalid("malformed info: not a string of at most 128 KiB");
   }
   out = std::move(w);
   return Status::Ok();

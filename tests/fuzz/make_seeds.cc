@@ -10,6 +10,7 @@
 
 #include "common/wire.h"
 #include "control/protocol.h"
+#include "cs/cs_info.h"
 #include "datadist/metadata.h"
 #include "hixl/hixl.h"
 #include "lane_regions.h"
@@ -158,6 +159,15 @@ int main(int argc, char** argv) {
     Write(d, "handle", Bytes(hixlMemHandleSerialize(h)));
     hixlDestroyEngine(e);
     hixlDestroyConfig(cfg);
+  }
+  // HiXL CS server descriptions (the engine handshake's info string).
+  {
+    const fs::path d = root / "cs";
+    cs::ServerInfo info;
+    info.endpoints = {{"tcp", "10.0.0.1", "10.0.0.1:7400"}, {"shm", "127.0.0.1", "127.0.0.1:41000"}};
+    Write(d, "empty", Bytes(cs::EncodeInfo(info)));
+    info.mems = {{"kv0", 0x7f0000000000ull, 1ull << 30}, {"kv1", 0x7f0040000000ull, 4096}};
+    Write(d, "two_mems", Bytes(cs::EncodeInfo(info)));
   }
   // tcp data lanes (regions: lane_regions.h).
   {

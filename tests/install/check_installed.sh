@@ -5,8 +5,9 @@
 #   - each program answers --help, and the demo serves one small request;
 #   - `import hixl` and `import llm_datadist` each in a fresh interpreter,
 #     alone and in both orders, then the packages move bytes (smoke.py);
-#   - a C program built with pkg-config alone (hixl.pc), and a C++ one with
-#     llm_datadist.pc, run;
+#   - C programs built with pkg-config alone (hixl.pc): the engine's C API,
+#     and HiXL CS (a server and a client over tcp on 127.0.0.1, a free
+#     port), and a C++ one with llm_datadist.pc, run;
 #   - a CMake project finds the package (find_package(hixl)) and runs.
 #
 #   check_installed.sh SOURCE_DIR PREFIX [PYTHON_DIR]
@@ -88,11 +89,27 @@ gcc -std=c99 -Wall -Werror "$src/tests/install/c_consumer.c" -o c_consumer \
   $("${pcpath[@]}" pkg-config --cflags --libs hixl) "$rpath" || fail "cc with pkg-config hixl"
 ./c_consumer || fail "the C program built with pkg-config"
 # shellcheck disable=SC2046
+gcc -std=c99 -Wall -Werror "$src/tests/install/cs_consumer.c" -o cs_consumer \
+  $("${pcpath[@]}" pkg-config --cflags --libs hixl) "$rpath" || fail "cc with pkg-config hixl (HiXL CS)"
+# A free port from the kernel; another process may take it before the server
+# listens, so a Listen that fails is tried again on a new port (3 tries).
+free_port() {
+  $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+for try in 1 2 3; do
+  port="$(free_port)" || fail "no free port on 127.0.0.1 for cs_consumer"
+  if timeout 60 ./cs_consumer "$port" >cs.log 2>&1; then break; fi
+  grep -q "HixlCSServerListen" cs.log && [ "$try" -lt 3 ] && continue
+  cat cs.log >&2
+  fail "the HiXL CS program built with pkg-config (port $port)"
+done
+grep -q "^cs_consumer: OK$" cs.log || { cat cs.log >&2; fail "cs_consumer did not say OK"; }
+# shellcheck disable=SC2046
 g++ -std=c++20 "$src/tests/package_consumer/main.cc" -o cxx_consumer \
   $("${pcpath[@]}" pkg-config --cflags --libs llm_datadist) "$rpath" -pthread ||
   fail "c++ with pkg-config llm_datadist"
 ./cxx_consumer >cxx.log || { cat cxx.log >&2; fail "the C++ program built with pkg-config"; }
-step "pkg-config: hixl $pcver, a C and a C++ program"
+step "pkg-config: hixl $pcver, two C programs (engine, HiXL CS) and a C++ program"
 
 # 5. CMake.
 cmake -S "$src/tests/package_consumer" -B cmake-consumer -DCMAKE_PREFIX_PATH="$prefix" >/dev/null ||
