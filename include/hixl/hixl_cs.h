@@ -183,7 +183,10 @@ HIXL_C_EXPORT HixlStatus HixlCSServerListen(HixlServerHandle server, uint32_t ba
  * client whose link was lost may still write; see hixl.h DeregisterMem).
  * Other calls on this server wait meanwhile. */
 HIXL_C_EXPORT HixlStatus HixlCSServerUnregMem(HixlServerHandle server, MemHandle mem_handle);
-/* Stops the server: clients' transfers to it fail (they do not hang). */
+/* Stops the server: its memory is withdrawn first (the call returns once no
+ * transfer touches it; HIXL_TIMEOUT as UnregMem: the server is destroyed
+ * anyway, but do not free that memory yet), then clients' transfers to it
+ * fail (they do not hang). */
 HIXL_C_EXPORT HixlStatus HixlCSServerDestroy(HixlServerHandle server);
 
 /* ------------------------------------------------------------------ client */

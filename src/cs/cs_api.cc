@@ -42,11 +42,18 @@ uint64_t g_next = 1;  // guarded by g_mu
 uint64_t Id(void* h) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h)); }
 void* Handle(uint64_t id) { return reinterpret_cast<void*>(static_cast<uintptr_t>(id)); }
 
+// Records a handle; 0 when it belongs to an owner that was destroyed
+// meanwhile (the child would outlive it in the table).
 uint64_t Add(Entry e) {
   std::lock_guard<std::mutex> l(g_mu);
+  if (e.owner != 0 && g_handles.count(e.owner) == 0) return 0;
   uint64_t id = g_next++;
   g_handles.emplace(id, std::move(e));
   return id;
+}
+HixlStatus Gone(const char* what) {
+  hixl::capi::LastError() = std::string("FAILED: the ") + what + " was destroyed meanwhile";
+  return HIXL_FAILED;
 }
 
 bool Find(void* h, Kind kind, Entry& out) {
@@ -106,7 +113,12 @@ HixlStatus PostAsync(HixlClientHandle client, hixl::TransferOp op, uint32_t list
   e.kind = Kind::kBatch;
   e.owner = Id(client);
   e.batch = std::move(b);
-  *complete_handle = Handle(Add(std::move(e)));
+  const uint64_t id = Add(std::move(e));
+  if (id == 0) {
+    c.client->unqueried.fetch_sub(1);
+    return Gone("client");  // Shutdown stops the batch
+  }
+  *complete_handle = Handle(id);
   return HIXL_SUCCESS;
 }
 
@@ -140,7 +152,9 @@ HixlStatus HixlCSServerRegMem(HixlServerHandle server, const char* mem_tag, cons
   e.kind = Kind::kServerMem;
   e.owner = Id(server);
   e.server_mem = m;
-  *mem_handle = Handle(Add(std::move(e)));
+  const uint64_t id = Add(std::move(e));
+  if (id == 0) return Gone("server");
+  *mem_handle = Handle(id);
   return HIXL_SUCCESS;
 }
 
@@ -171,8 +185,7 @@ HixlStatus HixlCSServerDestroy(HixlServerHandle server) {
   Entry s;
   if (!FindServer(server, s)) return Invalid("server is NULL or not a live server handle");
   RemoveWithChildren(Id(server));
-  s.server->Shutdown();
-  return HIXL_SUCCESS;
+  return From(s.server->Shutdown());
 }
 
 HixlStatus HixlCSClientCreate(const HixlClientDesc* desc, const HixlClientConfig* config,
@@ -218,7 +231,9 @@ HixlStatus HixlCSClientRegMem(HixlClientHandle client, const char* mem_tag, cons
   e.kind = Kind::kClientMem;
   e.owner = Id(client);
   e.client_mem = m;
-  *mem_handle = Handle(Add(std::move(e)));
+  const uint64_t id = Add(std::move(e));
+  if (id == 0) return Gone("client");
+  *mem_handle = Handle(id);
   return HIXL_SUCCESS;
 }
 
@@ -226,14 +241,23 @@ HixlStatus HixlCSClientUnregMem(HixlClientHandle client, MemHandle mem_handle) {
   Entry c;
   if (!FindClient(client, c)) return Invalid("client is NULL or not a live client handle");
   Entry m;
-  if (!Find(mem_handle, Kind::kClientMem, m)) {
-    return Invalid("mem_handle is NULL, unregistered or not a client memory handle");
+  {
+    // Taken out of the table first: a second UnregMem of it finds nothing.
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_handles.find(Id(mem_handle));
+    if (it == g_handles.end() || it->second.kind != Kind::kClientMem) {
+      return Invalid("mem_handle is NULL, unregistered or not a client memory handle");
+    }
+    if (it->second.owner != Id(client)) return Invalid("mem_handle belongs to another client");
+    m = it->second;
+    g_handles.erase(it);
   }
-  if (m.owner != Id(client)) return Invalid("mem_handle belongs to another client");
   Status st = c.client->UnregMem(m.client_mem);
-  if (!st.ok()) return From(st);
-  std::lock_guard<std::mutex> l(g_mu);
-  g_handles.erase(Id(mem_handle));
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> l(g_mu);
+    if (g_handles.count(Id(client)) != 0) g_handles.emplace(Id(mem_handle), m);  // still registered
+    return From(st);
+  }
   return HIXL_SUCCESS;
 }
 
@@ -281,7 +305,9 @@ HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client, CompleteHand
       std::lock_guard<std::mutex> l(g_mu);
       removed = g_handles.erase(Id(complete_handle)) > 0;
     }
-    if (removed) c.client->unqueried.fetch_sub(1);
+    // The end is reported once: a query that lost the race sees a released handle.
+    if (!removed) return Invalid("complete_handle was reported ended by another query");
+    c.client->unqueried.fetch_sub(1);
     if (st != HIXL_COMPLETE_STATUS_COMPLETED) hixl::capi::LastError() = reason;
   }
   *status = st;

@@ -15,12 +15,6 @@ Status Prefix(const Status& s, const std::string& what) {
   return s.ok() ? s : Status(s.code(), what + ": " + s.message());
 }
 
-// A part that failed for one of these reasons may be moved to another link.
-bool IsLinkFailure(const Status& s) {
-  return s.code() == StatusCode::kNotConnected || s.code() == StatusCode::kFailed ||
-         s.code() == StatusCode::kCancelled;
-}
-
 bool IsZero(const EndpointDesc& e) {
   if (Raw(e.protocol) != 0 || Raw(e.location) != 0 || e.addr != nullptr) return false;
   for (uint32_t r : e.reserved) {
@@ -58,6 +52,29 @@ struct Client::Sub {
   TransferReq req = 0;
   bool done = false;
   Clock::time_point posted{};
+};
+
+// Holds off Shutdown's Finalize while an engine call is under way (Finalize
+// must not race with other calls on an engine).
+class Client::Use {
+ public:
+  explicit Use(Client* c) : c_(c) {
+    std::lock_guard<std::mutex> l(c_->mu_);
+    ok_ = !c_->shut_;
+    if (ok_) ++c_->users_;
+  }
+  ~Use() {
+    if (!ok_) return;
+    std::lock_guard<std::mutex> l(c_->mu_);
+    if (--c_->users_ == 0) c_->idle_.notify_all();
+  }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  Client* c_;
+  bool ok_ = false;
 };
 
 struct Client::Batch {
@@ -158,6 +175,8 @@ Status Client::Connect(uint32_t timeout_ms) {
   if (timeout_ms == 0 || timeout_ms > INT32_MAX) {
     return Status::ParamInvalid("timeout_ms must be 1.." + std::to_string(INT32_MAX));
   }
+  Use use(this);
+  if (!use.ok()) return Status::Failed("the client is destroyed");
   std::lock_guard<std::mutex> once(connect_mu_);
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -258,8 +277,9 @@ Status Client::RegMem(const char* tag, const CommMem* mem, LocalMem*& out) {
   s = CheckMem(mem);
   if (!s.ok()) return s;
   const uint64_t a = reinterpret_cast<uintptr_t>(mem->addr);
+  Use use(this);
+  if (!use.ok()) return Status::Failed("the client is destroyed");
   std::lock_guard<std::mutex> l(mu_);
-  if (shut_) return Status::Failed("the client is destroyed");
   if (connected_) {
     return Status::ParamInvalid("register client memory before HixlCSClientConnect, not after");
   }
@@ -287,6 +307,8 @@ Status Client::RegMem(const char* tag, const CommMem* mem, LocalMem*& out) {
 }
 
 Status Client::UnregMem(LocalMem* mem) {
+  Use use(this);
+  if (!use.ok()) return Status::Failed("the client is destroyed");
   std::lock_guard<std::mutex> l(mu_);
   auto it = std::find_if(local_.begin(), local_.end(),
                          [&](const auto& e) { return e.second.get() == mem; });
@@ -357,6 +379,20 @@ std::vector<LinkLoad> Client::LoadsLocked() const {
     loads[k] = {links_[k].up, links_[k].speed > 0 ? links_[k].speed : guess, links_[k].in_flight};
   }
   return loads;
+}
+
+bool Client::LinkLost(size_t k, const Status& why) {
+  if (why.code() == StatusCode::kNotConnected) return true;
+  if (why.code() != StatusCode::kFailed && why.code() != StatusCode::kCancelled) return false;
+  // FAILED also covers faults of one transfer (a bad local page, a region the
+  // server withdrew): only a link the engine no longer holds counts as lost.
+  std::string remote;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    remote = links_[k].remote_engine;
+  }
+  ConnectStatus cs = ConnectStatus::NOT_CONNECTED;
+  return !links_[k].engine->GetConnectStatus(remote, cs).ok() || cs != ConnectStatus::CONNECTED;
 }
 
 void Client::LinkDown(size_t k, const Status& why) {
@@ -450,7 +486,7 @@ Status Client::Place(Batch& b, std::vector<Piece> pieces) {
         links_[k].in_flight -= s.bytes;
         links_[k].pieces -= 1;
       }
-      if (!IsLinkFailure(st)) return st;
+      if (!LinkLost(k, st)) return st;
       LinkDown(k, st);
       again.insert(again.end(), s.pieces.begin(), s.pieces.end());
     }
@@ -525,7 +561,7 @@ void Client::Drive(Batch& b) {
       Finish(b, HIXL_COMPLETE_STATUS_TIMEOUT, why.ToString());
       return;
     }
-    if (!IsLinkFailure(why)) {
+    if (!LinkLost(k, why)) {
       Finish(b, HIXL_COMPLETE_STATUS_FAILED, why.ToString());
       return;
     }
@@ -596,7 +632,7 @@ Client::Inline Client::RunInline(TransferOp op, std::vector<Piece>& pieces, int6
       }
     }
   }
-  if (!result.ok() && IsLinkFailure(result)) {
+  if (!result.ok() && LinkLost(k, result)) {
     LinkDown(k, result);
     bool others = false;
     {
@@ -612,6 +648,8 @@ Status Client::RunSync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t n
                        uint32_t timeout_ms) {
   if (timeout_ms == 0 || timeout_ms > INT32_MAX)
     return Status::ParamInvalid("timeout_ms must be > 0");
+  Use use(this);
+  if (!use.ok()) return Status::Failed("the client is destroyed");
   std::vector<Piece> pieces;
   Status st = Check(descs, n, pieces);
   if (!st.ok()) return st;
@@ -649,6 +687,7 @@ Status Client::RunSync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t n
     batches_.insert(b);
   }
   std::unique_lock<std::mutex> bl(b->mu);
+  if (b->final != HIXL_COMPLETE_STATUS_WAITING) return Status::Failed(b->reason);
   st = Place(*b, std::move(pieces));
   if (!st.ok()) {
     Finish(*b, HIXL_COMPLETE_STATUS_FAILED, st.ToString());
@@ -673,6 +712,8 @@ Status Client::RunSync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t n
 
 Status Client::PostAsync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t n,
                          std::shared_ptr<Batch>& out) {
+  Use use(this);
+  if (!use.ok()) return Status::Failed("the client is destroyed");
   std::vector<Piece> pieces;
   Status st = Check(descs, n, pieces);
   if (!st.ok()) return st;
@@ -689,6 +730,7 @@ Status Client::PostAsync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t
     batches_.insert(b);
   }
   std::lock_guard<std::mutex> bl(b->mu);
+  if (b->final != HIXL_COMPLETE_STATUS_WAITING) return Status::Failed(b->reason);
   st = Place(*b, std::move(pieces));
   if (!st.ok()) {
     Finish(*b, HIXL_COMPLETE_STATUS_FAILED, st.ToString());
@@ -699,9 +741,16 @@ Status Client::PostAsync(TransferOp op, const HixlOneSideOpDesc* descs, uint32_t
 }
 
 HixlCompleteStatus Client::Query(Batch& b, std::string& reason) {
-  ReviveLinks();
+  Use use(this);
+  if (use.ok()) ReviveLinks();
   std::lock_guard<std::mutex> bl(b.mu);
-  if (b.final == HIXL_COMPLETE_STATUS_WAITING) Drive(b);
+  if (b.final == HIXL_COMPLETE_STATUS_WAITING) {
+    if (!use.ok()) {
+      reason = "FAILED: the client was destroyed";
+      return HIXL_COMPLETE_STATUS_FAILED;  // Shutdown ends it
+    }
+    Drive(b);
+  }
   reason = b.reason;
   return b.final;
 }
@@ -724,11 +773,22 @@ std::vector<HixlCSLinkStats> Client::Stats() {
 }
 
 void Client::Shutdown() {
-  std::vector<std::shared_ptr<Batch>> running;
+  std::vector<std::pair<size_t, std::string>> remotes;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (shut_) return;
-    shut_ = true;
+    shut_ = true;  // no new engine call starts
+    for (size_t k = 0; k < links_.size(); ++k) {
+      if (!links_[k].remote_engine.empty()) remotes.emplace_back(k, links_[k].remote_engine);
+    }
+  }
+  // Close the links: transfers under way on other threads end FAILED at once
+  // (Disconnect may run beside other calls; Finalize may not).
+  for (const auto& [k, remote] : remotes) (void)links_[k].engine->Disconnect(remote, 100);
+  std::vector<std::shared_ptr<Batch>> running;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    idle_.wait(l, [this] { return users_ == 0; });
     running.assign(batches_.begin(), batches_.end());
   }
   for (auto& b : running) {

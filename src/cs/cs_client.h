@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -66,7 +67,9 @@ class Client {
   HixlCompleteStatus Query(Batch& b, std::string& reason);
 
   std::vector<HixlCSLinkStats> Stats();
-  // Stops every batch and finalizes the engines.
+  // Refuses new calls, closes the links (transfers under way on other
+  // threads fail), waits for the calls under way, stops every batch and
+  // finalizes the engines.
   void Shutdown();
 
   std::atomic<uint32_t> unqueried{0};  // async batches not yet reported ended
@@ -91,6 +94,7 @@ class Client {
     uint64_t pieces = 0;
   };
   struct Sub;
+  class Use;
 
   Client() = default;
   // Checks a batch; on success counts it as running (busy_) until Done().
@@ -104,6 +108,9 @@ class Client {
   Status Place(Batch& b, std::vector<Piece> pieces);
   void Drive(Batch& b);                                                     // with b.mu held
   void Finish(Batch& b, HixlCompleteStatus st, const std::string& reason);  // with b.mu held
+  // Whether a part's failure means its link is gone (NOT_CONNECTED, or
+  // FAILED/CANCELLED with the engine no longer holding the link).
+  bool LinkLost(size_t k, const Status& why);
   void LinkDown(size_t k, const Status& why);
   void ReviveLinks();
   // kNo: the batch needs several links; kAgain: its link failed, others are up.
@@ -120,7 +127,9 @@ class Client {
   std::map<uint64_t, std::unique_ptr<LocalMem>> local_;  // by start address
   std::map<uint64_t, uint64_t> remote_;                  // server memory: start -> size
   std::set<std::shared_ptr<Batch>> batches_;             // unfinished batches
-  uint64_t busy_ = 0;  // batches between Check and their end (UnregMem waits for 0)
+  uint64_t busy_ = 0;             // batches between Check and their end (UnregMem waits for 0)
+  uint64_t users_ = 0;            // engine calls under way (Use); Shutdown waits for 0
+  std::condition_variable idle_;  // users_ reached 0
   // GetRemoteMem's lists (built at Connect, stable until destruction).
   std::vector<CommMem> remote_list_;
   std::vector<std::string> remote_tags_;

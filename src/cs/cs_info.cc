@@ -1,5 +1,6 @@
 #include "cs/cs_info.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -171,8 +172,14 @@ Status DecodeInfo(const std::string& text, ServerInfo& out) {
     if (ep.transport != "shm" && ep.transport != "tcp" && ep.transport != "ucx") {
       return bad("unknown transport \"" + ep.transport + "\"");
     }
-    if (!IsIp(ep.addr) || !IsEngineAddress(ep.engine))
+    if (!IsIp(ep.addr) || !IsEngineAddress(ep.engine)) {
       return bad("an endpoint address is not ip / ip:port");
+    }
+    net::HostPort engine_at, addr_at;
+    if (!net::ParseHostPort(ep.engine, engine_at).ok() ||
+        !net::ParseHostPort(ep.addr, addr_at).ok() || engine_at.host != addr_at.host) {
+      return bad("endpoint " + ep.addr + " names an engine on another address (" + ep.engine + ")");
+    }
     info.endpoints.push_back(std::move(ep));
   }
   std::set<std::string> tags;
@@ -191,6 +198,15 @@ Status DecodeInfo(const std::string& text, ServerInfo& out) {
     }
     if (!tags.insert(mem.tag).second) return bad("tag \"" + mem.tag + "\" appears twice");
     info.mems.push_back(std::move(mem));
+  }
+  std::vector<const InfoMem*> by_addr;
+  for (const auto& m : info.mems) by_addr.push_back(&m);
+  std::sort(by_addr.begin(), by_addr.end(),
+            [](const InfoMem* a, const InfoMem* b) { return a->addr < b->addr; });
+  for (size_t i = 1; i < by_addr.size(); ++i) {
+    if (by_addr[i - 1]->addr + by_addr[i - 1]->size > by_addr[i]->addr) {
+      return bad("regions \"" + by_addr[i - 1]->tag + "\" and \"" + by_addr[i]->tag + "\" overlap");
+    }
   }
   out = std::move(info);
   return Status::Ok();

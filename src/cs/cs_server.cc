@@ -102,27 +102,27 @@ Status Server::Create(const HixlServerDesc& desc, const HixlServerConfig* config
   return Status::Ok();
 }
 
-Server::~Server() { Shutdown(); }
+Server::~Server() { (void)Shutdown(); }
 
 ServerInfo Server::InfoLocked() const {
   ServerInfo info;
   for (const auto& e : endpoints_) {
     // Before Listen the engines' ports are not known: count the longest.
+    const std::string longest = net::HostPort{e.addr, 65535}.ToString();
     info.endpoints.push_back(
-        {e.transport, e.addr, e.engine_addr.empty() ? e.addr + ":65535" : e.engine_addr});
+        {e.transport, e.addr, e.engine_addr.empty() ? longest : e.engine_addr});
   }
   for (const auto& m : mems_) info.mems.push_back({m->tag, m->addr, m->size});
   return info;
 }
 
-void Server::PublishLocked() {
+Status Server::PublishLocked() {
   std::string text = EncodeInfo(InfoLocked());
   for (auto& e : endpoints_) {
     Status s = e.engine->SetLocalInfo(text);
-    if (!s.ok()) {
-      HIXL_LOG(ERROR) << "HiXL CS: cannot publish the memory list: " << s.ToString();
-    }
+    if (!s.ok()) return Prefix(s, "publishing the memory list");
   }
+  return Status::Ok();
 }
 
 Status Server::RegMem(const char* tag, const CommMem* mem, Mem*& out) {
@@ -171,7 +171,18 @@ Status Server::RegMem(const char* tag, const CommMem* mem, Mem*& out) {
   }
   out = m.get();
   mems_.push_back(std::move(m));
-  if (listening_ && port_ != 0) PublishLocked();
+  if (listening_ && port_ != 0) {
+    s = PublishLocked();
+    if (!s.ok()) {
+      Mem& last = *mems_.back();
+      for (size_t i = 0; i < last.handles.size(); ++i) {
+        (void)endpoints_[i].engine->DeregisterMem(last.handles[i]);
+      }
+      mems_.pop_back();
+      (void)PublishLocked();  // the list as it was
+      return s;
+    }
+  }
   return Status::Ok();
 }
 
@@ -223,8 +234,12 @@ Status Server::Listen(uint32_t backlog) {
       m->handles.push_back(h);
     }
   }
+  Status published = PublishLocked();
+  if (!published.ok()) {
+    undo();
+    return published;
+  }
   listening_ = true;
-  PublishLocked();
   HIXL_LOG(INFO) << "HiXL CS: server listening at " << endpoints_[primary_].engine_addr << " with "
                  << endpoints_.size() << " endpoint(s)";
   return Status::Ok();
@@ -241,7 +256,12 @@ Status Server::UnregMem(Mem* mem) {
       return Status::ParamInvalid("mem_handle is not registered with this server");
     gone = std::move(*it);
     mems_.erase(it);
-    if (listening_ && port_ != 0) PublishLocked();
+    if (listening_ && port_ != 0) {
+      Status s = PublishLocked();  // a shorter list: fits whenever the longer did
+      if (!s.ok()) {
+        HIXL_LOG(ERROR) << "HiXL CS: " << s.ToString();
+      }
+    }
     for (size_t i = 0; i < gone->handles.size() && i < endpoints_.size(); ++i) {
       Status s = endpoints_[i].engine->DeregisterMem(gone->handles[i]);
       if (!s.ok() && result.ok()) result = s;
@@ -250,15 +270,25 @@ Status Server::UnregMem(Mem* mem) {
   return result;
 }
 
-void Server::Shutdown() {
+Status Server::Shutdown() {
   std::lock_guard<std::mutex> l(mu_);
-  if (shut_) return;
+  if (shut_) return Status::Ok();
   shut_ = true;
+  // Withdraw the memory first: DeregisterMem returns once no transfer of a
+  // client touches it, so the caller may free it when Destroy returns.
+  Status result;
+  for (auto& m : mems_) {
+    for (size_t i = 0; i < m->handles.size() && i < endpoints_.size(); ++i) {
+      Status s = endpoints_[i].engine->DeregisterMem(m->handles[i]);
+      if (!s.ok() && result.ok()) result = Prefix(s, "withdrawing \"" + m->tag + "\"");
+    }
+  }
   for (auto& e : endpoints_) {
     if (e.engine) e.engine->Finalize();
   }
   endpoints_.clear();
   mems_.clear();
+  return result;
 }
 
 }  // namespace hixl::cs

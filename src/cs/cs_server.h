@@ -53,8 +53,9 @@ class Server {
   Status RegMem(const char* tag, const CommMem* mem, Mem*& out);
   Status Listen(uint32_t backlog);
   Status UnregMem(Mem* mem);
-  // Finalizes every engine: links close, clients' transfers fail.
-  void Shutdown();
+  // Withdraws the memory (TIMEOUT as UnregMem), then finalizes every engine:
+  // links close, clients' transfers fail.
+  Status Shutdown();
 
  private:
   struct Endpoint {
@@ -65,7 +66,7 @@ class Server {
   };
   Server() = default;
   ServerInfo InfoLocked() const;
-  void PublishLocked();
+  Status PublishLocked();
 
   std::mutex mu_;
   std::map<std::string, std::string> options_;

@@ -3,6 +3,7 @@
  * over tcp and shm on 127.0.0.1), with the bytes checked. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -471,6 +472,71 @@ static void ServerDestroyedUnderClient(void) {
   free(local);
 }
 
+/* A client destroyed while another thread transfers on it: that thread's
+ * calls fail (FAILED, or PARAM_INVALID once the handle is gone); nothing
+ * crashes or hangs. */
+struct Mover {
+  HixlClientHandle client;
+  HixlOneSideOpDesc desc;
+  pthread_mutex_t mu; /* guards the counters */
+  int calls, ok, failed, invalid;
+};
+
+static int MoverOk(struct Mover* m) {
+  int ok;
+  pthread_mutex_lock(&m->mu);
+  ok = m->ok;
+  pthread_mutex_unlock(&m->mu);
+  return ok;
+}
+
+static void* Move(void* arg) {
+  struct Mover* m = (struct Mover*)arg;
+  int i;
+  for (i = 0; i < 100000; ++i) {
+    HixlStatus st = (i % 2) ? HixlCSClientBatchPutSync(m->client, 1, &m->desc, 10000)
+                            : HixlCSClientBatchGetSync(m->client, 1, &m->desc, 10000);
+    pthread_mutex_lock(&m->mu);
+    ++m->calls;
+    if (st == HIXL_SUCCESS) ++m->ok;
+    else if (st == HIXL_PARAM_INVALID) ++m->invalid;
+    else ++m->failed;
+    pthread_mutex_unlock(&m->mu);
+    if (st == HIXL_PARAM_INVALID) break; /* the handle is gone */
+  }
+  return NULL;
+}
+
+static void ClientDestroyedUnderTransfers(CommProtocol p) {
+  uint8_t* a = (uint8_t*)calloc(1, REGION);
+  uint8_t* b = (uint8_t*)calloc(1, REGION);
+  uint8_t* local = (uint8_t*)calloc(1, REGION);
+  uint32_t port = 0;
+  HixlServerHandle s = StartServer(a, b, &port);
+  MemHandle mh = NULL;
+  struct Mover m;
+  pthread_t t;
+  if (s == NULL) return;
+  memset(&m, 0, sizeof(m));
+  pthread_mutex_init(&m.mu, NULL);
+  m.client = MakeClient(p, port, local, &mh);
+  CHECK_ST(HixlCSClientConnect(m.client, 5000), HIXL_SUCCESS);
+  m.desc.local_buf = local;
+  m.desc.remote_buf = a;
+  m.desc.len = REGION;
+  CHECK(pthread_create(&t, NULL, Move, &m) == 0);
+  while (MoverOk(&m) < 3) SleepUs(1000);
+  CHECK_ST(HixlCSClientDestroy(m.client), HIXL_SUCCESS);
+  pthread_join(t, NULL);
+  CHECK(m.invalid == 1); /* ended by the dead handle */
+  fprintf(stderr, "destroyed under transfers: %d calls, %d ok, %d failed\n", m.calls, m.ok, m.failed);
+  CHECK_ST(HixlCSServerDestroy(s), HIXL_SUCCESS);
+  pthread_mutex_destroy(&m.mu);
+  free(a);
+  free(b);
+  free(local);
+}
+
 int main(void) {
   uint8_t* a = (uint8_t*)calloc(1, REGION);
   uint8_t* b = (uint8_t*)calloc(1, REGION);
@@ -503,6 +569,8 @@ int main(void) {
     CHECK_ST(HixlCSServerRegMem(s, "z", &mb, &hb), HIXL_PARAM_INVALID); /* destroyed */
   }
   ServerDestroyedUnderClient();
+  ClientDestroyedUnderTransfers(COMM_PROTOCOL_TCP);
+  ClientDestroyedUnderTransfers(COMM_PROTOCOL_SHM);
   free(a);
   free(b);
   free(extra);

@@ -145,8 +145,10 @@ TEST(CsInfo, RefusesHostileDescriptions) {
       with(ep, R"({"t":")" + std::string(HIXL_CS_MAX_TAG_LEN + 1, 'x') + R"(","a":16,"n":2})"),
       with(ep, R"({"t":"x","a":16,"n":2},{"t":"x","a":64,"n":2})"),  // tag twice
       with(ep, R"({"t":"x","a":"16","n":2})"),
-      with(ep, R"({"t":"a\u0001b","a":16,"n":2})"),   // not printable
-      with(ep, R"({"t":"caf\u00e9","a":16,"n":2})"),  // not ASCII
+      with(R"({"p":"tcp","a":"10.0.0.1","e":"10.9.9.9:4000"})", ""),  // engine elsewhere
+      with(ep, R"({"t":"x","a":16,"n":32},{"t":"y","a":40,"n":2})"),  // overlap
+      with(ep, R"({"t":"a\u0001b","a":16,"n":2})"),                   // not printable
+      with(ep, R"({"t":"caf\u00e9","a":16,"n":2})"),                  // not ASCII
   };
   std::string many;
   for (int i = 0; i <= HIXL_CS_MAX_ENDPOINTS; ++i) many += (i ? "," : "") + ep;
