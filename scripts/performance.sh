@@ -5,6 +5,11 @@
 # notification latencies, the LLM-DataDist KV benchmark, and the demo's runs and
 # per-layer timeline. Results land in docs/figures/ (JSON lines + PNG).
 #   scripts/performance.sh [--quick]    --quick: fewer sizes and repetitions
+#   scripts/performance.sh --peers [--quick]
+#       only hixl beside NIXL (UCX over shared memory and over tcp) and
+#       Mooncake Transfer Engine (tcp), from PyPI into build/peers-venv
+#       (tools/peers/setup.sh), over the same rows in one run: the ratio table
+#       docs/figures/peers_table.md and the plot docs/figures/peers.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,7 +17,39 @@ bash scripts/build.sh release
 out=docs/figures
 mkdir -p "$out"
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+peers=0
+for a in "$@"; do
+  case "$a" in
+    --quick) quick=1 ;;
+    --peers) peers=1 ;;
+    *) echo "usage: $0 [--peers] [--quick]" >&2; exit 2 ;;
+  esac
+done
+if [ $peers -eq 1 ]; then
+  py_peers=$(bash tools/peers/setup.sh)
+  if [ $quick -eq 1 ]; then
+    rows=(--blocks 4K,64K,1M,16M --batch 1,128 --threads 1,2)
+    reps=2
+  else
+    rows=(--blocks 4K,64K,1M,16M,128M --batch 1,128,1024 --threads 1,2)
+    reps=3
+  fi
+  echo "== hixl-bench: shm and tcp over the peers' rows"
+  for tp in shm tcp; do
+    build/tools/hixl-bench --transport "$tp" "${rows[@]}" --op both --reps $reps --verify --table \
+      > "$out/peers_hixl_$tp.jsonl"
+  done
+  echo "== NIXL (UCX over posix,cma,self and over tcp,self), Mooncake (tcp)"
+  "$py_peers" tools/peers/peer_bench.py --peer nixl --path shm "${rows[@]}" --reps $reps --verify \
+    > "$out/peers_nixl_shm.jsonl"
+  "$py_peers" tools/peers/peer_bench.py --peer nixl --path tcp "${rows[@]}" --reps $reps --verify \
+    > "$out/peers_nixl_tcp.jsonl"
+  "$py_peers" tools/peers/peer_bench.py --peer mooncake --path tcp "${rows[@]}" --reps $reps --verify \
+    > "$out/peers_mooncake_tcp.jsonl"
+  /usr/bin/python3 tools/peers/compare.py "$out/peers_table.md" "$out/peers.png" \
+    "$out"/peers_hixl_*.jsonl -- "$out"/peers_nixl_*.jsonl "$out/peers_mooncake_tcp.jsonl"
+  exit 0
+fi
 if [ $quick -eq 1 ]; then
   sweep=(--blocks 4K,64K,1M,16M --reps 3)
 else
