@@ -97,6 +97,8 @@ class PeerTest : public ::testing::Test {
 class TransportTest : public PeerTest, public ::testing::WithParamInterface<std::string> {
  protected:
   TransportTest() { link_ = GetParam(); }
+  // Writes and reads the kMixed batch from an engine made with `opts`.
+  void RunMixed(const std::map<std::string, std::string>& opts);
 };
 
 std::string LinkParamName(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
@@ -204,6 +206,8 @@ TEST(EngineBasics, BadOptionValuesAreParamInvalid) {
       {"PollSpinUs", "1001"},
       {"ShmNotifyRing", "2"},
       {"ShmNotifyRing", "on"},
+      {"ShmStreamCopyBytes", "-2"},
+      {"ShmStreamCopyBytes", "16M"},
   };
   for (const auto& [k, v] : bad) {
     Hixl e;
@@ -227,6 +231,9 @@ TEST(EngineBasics, GoodOptionValuesAreAccepted) {
       {{"PollSpinUs", "1000"}},
       {{"ShmNotifyRing", "0"}},
       {{"ShmNotifyRing", "1"}},
+      {{"ShmStreamCopyBytes", "-1"}},
+      {{"ShmStreamCopyBytes", "0"}},
+      {{"ShmStreamCopyBytes", "1048576"}},
   };
   for (const auto& opts : good) {
     Hixl e;
@@ -424,11 +431,22 @@ constexpr size_t kMixedRegion = 4 * kMiB;
 
 TEST_P(TransportTest, MixedDescriptorsWriteAndRead) {
   ASSERT_NO_FATAL_FAILURE(StartPeer());
+  ASSERT_NO_FATAL_FAILURE(RunMixed({}));
+}
+
+// The same batch with every shm copy made by non-temporal stores (a transfer
+// this small normally uses memcpy): heads, tails and 1-byte pieces.
+TEST_P(TransportTest, MixedDescriptorsStreamedPastTheCache) {
+  ASSERT_NO_FATAL_FAILURE(StartPeer());
+  ASSERT_NO_FATAL_FAILURE(RunMixed({{hixl::options::kShmStreamCopyBytes, "1"}}));
+}
+
+void TransportTest::RunMixed(const std::map<std::string, std::string>& opts) {
   uintptr_t a = peer_->Alloc("a", kMixedRegion);
   uintptr_t b = peer_->Reg("b", kMixedRegion, "rw");
   ASSERT_NE(a, 0u);
   ASSERT_NE(b, 0u);
-  ASSERT_NO_FATAL_FAILURE(ConnectEngine());
+  ASSERT_NO_FATAL_FAILURE(ConnectEngine(opts));
 
   // WRITE
   ASSERT_TRUE(peer_->Ok("fill a 0"));

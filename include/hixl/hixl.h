@@ -244,6 +244,13 @@ inline constexpr const char kTcpIoThreads[] = "TcpIoThreads";
 // ring in memory both processes map (no round trip, ordered after the data);
 // "0" sends them over the control link like every other transport.
 inline constexpr const char kShmNotifyRing[] = "ShmNotifyRing";
+// shm: a copy thread whose part of a transfer (the transfer divided over
+// CopyThreads, parts of at least 1 MiB) is at least this many bytes copies
+// with non-temporal stores, which bypass the caches: past the last-level
+// cache they move bytes faster than memcpy and leave the cache to the
+// application. -1 (default): half the last-level cache that sysfs reports
+// (16 MiB when it reports none); 0: never; N: from N bytes up.
+inline constexpr const char kShmStreamCopyBytes[] = "ShmStreamCopyBytes";
 // Milliseconds between heartbeats on every link (10..600000, default 1000).
 inline constexpr const char kHeartbeatIntervalMs[] = "HeartbeatIntervalMs";
 // Heartbeat intervals a peer may stay silent before it is declared dead

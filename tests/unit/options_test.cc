@@ -47,14 +47,15 @@ TEST(Options, EveryPublicKeyIsKnownOnce) {
                         options::kEngineName,
                         options::kMetadataTtlS,
                         options::kPollSpinUs,
-                        options::kShmNotifyRing}) {
+                        options::kShmNotifyRing,
+                        options::kShmStreamCopyBytes}) {
     EXPECT_EQ(unique.count(k), 1u) << k;
   }
 #ifdef HIXL_HAVE_UCX
   EXPECT_EQ(unique.count(options::kUcxErrorHandling), 1u);
-  EXPECT_EQ(keys.size(), 25u) << "a key was added: list it above too";
+  EXPECT_EQ(keys.size(), 26u) << "a key was added: list it above too";
 #else
-  EXPECT_EQ(keys.size(), 24u) << "a key was added: list it above too";
+  EXPECT_EQ(keys.size(), 25u) << "a key was added: list it above too";
 #endif
 }
 

@@ -20,6 +20,7 @@
 
 #include "common/host.h"
 #include "common/log.h"
+#include "common/stream_copy.h"
 
 namespace hixl::transport::shm {
 namespace {
@@ -32,6 +33,13 @@ constexpr int kUdsRequestMs = 500;
 constexpr size_t kMaxUdsClients = 1024;
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// The ShmStreamCopyBytes setting as a byte threshold (0: never stream).
+size_t StreamCopyMin(int64_t setting) {
+  if (setting >= 0) return static_cast<size_t>(setting);
+  const size_t llc = LastLevelCacheBytes();
+  return llc != 0 ? llc / 2 : size_t{16} << 20;
+}
 
 // The tag an authenticated link's getfd request carries: the link key over
 // the token and the region id.
@@ -323,7 +331,8 @@ class ShmChannel final : public Channel {
         uds_(std::move(uds)),
         token_(token),
         keyed_(peer.link_key != nullptr),
-        key_(peer.link_key ? *peer.link_key : auth::Key{}) {}
+        key_(peer.link_key ? *peer.link_key : auth::Key{}),
+        stream_min_(StreamCopyMin(ctx.Setting(options::kShmStreamCopyBytes))) {}
 
   LinkType link_type() const override { return LinkType::SHM; }
 
@@ -373,7 +382,16 @@ class ShmChannel final : public Channel {
     size_t begin = 0, end = 0;
     size_t first_off = 0;
     size_t last_end = 0;  // bytes of slices[end-1] to cover, from its start
+    bool stream = false;  // copy mapped memory with StreamCopy
   };
+  // Whether each of `parts` equal parts of a transfer of `bytes` is large
+  // enough to stream past the cache. Per part, not per transfer: copy
+  // threads that each move less than that from and to memory the cache
+  // still holds are faster with memcpy (2 threads, 16 MiB: 35 against
+  // 26 GB/s on the machine of docs/PERFORMANCE.md).
+  bool StreamParts(size_t bytes, size_t parts) const {
+    return stream_min_ != 0 && bytes / std::max<size_t>(1, parts) >= stream_min_;
+  }
   // t: the transfer the slices belong to (its stop flag is checked), or
   // null for one run inline (only the deadline is).
   Status RunPart(TransferOp op, const memory::Slice* slices, const Part& p, const Transfer* t,
@@ -382,7 +400,7 @@ class ShmChannel final : public Channel {
     return RunPart(t.op, t.slices.data(), p, &t, t.deadline);
   }
   static void CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
-                         uintptr_t remote, size_t len);
+                         uintptr_t remote, size_t len, bool stream);
   Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
                  size_t bytes) const;
   std::vector<Part> Split(const Transfer& t) const;
@@ -400,6 +418,7 @@ class ShmChannel final : public Channel {
   std::atomic<bool> closed_{false};
   std::unique_ptr<NotifyRing> ring_;  // set in Connect, before the channel is shared
   std::atomic<bool> ring_broken_{false};
+  size_t stream_min_;  // transfers of at least this many bytes stream past the cache
 };
 
 Status ShmChannel::OpenRing(const std::string& uds, net::Deadline deadline) {
@@ -574,13 +593,15 @@ std::vector<ShmChannel::Part> ShmChannel::Split(const Transfer& t) const {
 }
 
 void ShmChannel::CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
-                            uintptr_t remote, size_t len) {
+                            uintptr_t remote, size_t len, bool stream) {
   char* mine = reinterpret_cast<char*>(local);
   char* theirs = g.mapped + (remote - g.map_lo);
-  if (op == TransferOp::WRITE) {
-    std::memcpy(theirs, mine, len);
+  char* to = op == TransferOp::WRITE ? theirs : mine;
+  const char* from = op == TransferOp::WRITE ? mine : theirs;
+  if (stream) {
+    StreamCopy(to, from, len);
   } else {
-    std::memcpy(mine, theirs, len);
+    std::memcpy(to, from, len);
   }
 }
 
@@ -664,7 +685,7 @@ Status ShmChannel::RunPart(TransferOp op, const memory::Slice* slices, const Par
         }
         if (m1 > m0) {
           if (Status st = flush(); !st.ok()) return st;  // keep the descriptors' order
-          CopyMapped(op, g, local + (m0 - a), m0, m1 - m0);
+          CopyMapped(op, g, local + (m0 - a), m0, m1 - m0, p.stream);
         }
         if (b > m1) {
           if (Status st = cma(local + (m1 - a), m1, b - m1); !st.ok()) return st;
@@ -683,7 +704,8 @@ void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   // copy, and a copy never blocks on the peer.
   if (t->bytes() <= kInlineBytes) caller_waits = true;
   if (ctx_.copy_threads <= 1 || t->bytes() < 2 * kMinPart) {  // one part: no split
-    const Part whole{0, t->slices.size(), 0, t->slices.empty() ? 0 : t->slices.back().len};
+    const Part whole{0, t->slices.size(), 0, t->slices.empty() ? 0 : t->slices.back().len,
+                     StreamParts(t->bytes(), 1)};
     t->SetParts(1);
     if (caller_waits) {
       t->PartDone(RunPart(*t, whole));
@@ -694,6 +716,8 @@ void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   }
   std::vector<Part> parts = Split(*t);
   t->SetParts(static_cast<int>(parts.size()));
+  const bool stream = StreamParts(t->bytes(), parts.size());
+  for (Part& p : parts) p.stream = stream;
   size_t first_pooled = caller_waits ? 1 : 0;
   for (size_t i = first_pooled; i < parts.size(); ++i) {
     Part p = parts[i];
@@ -705,7 +729,10 @@ void ShmChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
 
 }  // namespace
 
-std::vector<TransportOption> ShmOptions() { return {{options::kShmNotifyRing, 0, 1, 1, "0 or 1"}}; }
+std::vector<TransportOption> ShmOptions() {
+  return {{options::kShmNotifyRing, 0, 1, 1, "0 or 1"},
+          {options::kShmStreamCopyBytes, -1, INT64_MAX, -1, "-1 (auto), 0 (never) or bytes"}};
+}
 
 std::unique_ptr<Transport> MakeShmTransport(const TransportContext& ctx) {
   return std::make_unique<ShmTransport>(ctx);
