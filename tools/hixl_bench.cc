@@ -163,13 +163,16 @@ int RunInitiator(const Options& o) {
       CopyPool pool(static_cast<int>(threads));
       std::unique_ptr<SocketBaseline> sock;
       if (o.transport == "tcp" && !o.stream) sock = std::make_unique<SocketBaseline>();
-      std::unique_ptr<PingPong> ping;
-      if (o.transport == "tcp" && o.latency && !o.stream)
+      std::unique_ptr<PingPong> ping, ping_spin;
+      if (o.transport == "tcp" && o.latency && !o.stream) {
         ping = std::make_unique<PingPong>(4 * KiB);
+        ping_spin = std::make_unique<PingPong>(4 * KiB, /*busy_poll=*/true);
+      }
       Context c{&o,    engine.get(), &child, target,  &local,     &scratch,
                 &pool, transport,    mem,    threads, sock.get(), perftest.get()};
       c.cma = transport == "shm" && o.cma && !o.stream;
       c.ping = ping.get();
+      c.ping_spin = ping_spin.get();
       c.maps_before = maps_before;
       c.stream_perftest = stream_pt;
       if (o.stream) {

@@ -10,6 +10,17 @@ mkdir -p "$work"
 "$tools/hixl-bench" --blocks 4K,64K,1M --threads 1 --reps 1 --verify > "$work/shm.jsonl"
 "$tools/hixl-bench" --transport tcp --blocks 64K,1M --threads 1 --reps 1 --verify > "$work/tcp.jsonl"
 grep -q '"verified":true' "$work/shm.jsonl"
+# The tcp latency row carries both ping-pong references (docs/benchmarks.md).
+"$tools/hixl-bench" --transport tcp --latency --threads 1 --iters 200 --reps 1 > "$work/lat.jsonl"
+/usr/bin/python3 - "$work/lat.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(rows) == 1, rows
+r = rows[0]
+assert r["baseline"] == "pingpong" and r["ratio_of"] == "p50_us", r
+for k in ("p50_us", "baseline_p50_us", "pingpong_spin_p50_us", "spin_ratio"):
+    assert r[k] > 0, (k, r)
+PY
 "$tools/hixl-pd-demo" --quiet --requests 3 --prompt-lens 24,50,81 --gen-tokens 4 --layers 3 --heads 4 \
   --kv-heads 2 --head-dim 16 --mlp-dim 64 --vocab 256 --block-size 8 --no-before \
   --timeline "$work/timeline.json" > "$work/demo.txt"

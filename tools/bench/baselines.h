@@ -99,9 +99,15 @@ struct SocketBaseline {
 // The tcp latency reference: a loopback TCP ping-pong between the calling
 // thread and an echo thread, `out` bytes there and a 16-byte answer back —
 // the round trip a 4 KiB WRITE that waits for its acknowledgement needs too.
+// Both sockets have TCP_NODELAY; each side reads exactly the message's size.
+// Blocking (the default): each side sleeps in recv until its bytes come.
+// busy_poll: each side polls recv(MSG_DONTWAIT) instead (for at most 200 us
+// without a byte, then it sleeps), as hixl's threads do while a reply is
+// due: the floor a polling transfer can reach, without the wake-ups a
+// sleeping thread pays for.
 class PingPong {
  public:
-  explicit PingPong(size_t out);
+  explicit PingPong(size_t out, bool busy_poll = false);
   ~PingPong();
   PingPong(const PingPong&) = delete;
   PingPong& operator=(const PingPong&) = delete;
@@ -110,6 +116,7 @@ class PingPong {
  private:
   int a_ = -1, b_ = -1;
   size_t out_;
+  bool busy_poll_;
   std::vector<char> tx_, rx_;
   std::thread echo_;
 };

@@ -216,6 +216,10 @@ void PrintJson(const Measurement& m) {
     std::printf(",\"baseline_env\":\"%s\"", JsonEscape(m.baseline_env).c_str());
   if (!m.baseline_note.empty())
     std::printf(",\"baseline_note\":\"%s\"", JsonEscape(m.baseline_note).c_str());
+  if (m.spin_p50_us > 0) {
+    std::printf(",\"pingpong_spin_p50_us\":%.3f,\"spin_ratio\":%.4f", m.spin_p50_us,
+                m.p50_us > 0 ? m.spin_p50_us / m.p50_us : 0.0);
+  }
   if (m.before_gbps > 0) {
     std::printf(",\"before\":\"staged_socket\",\"before_gbps\":%.4f,\"before_ratio\":%.4f",
                 m.before_gbps, m.gbps / m.before_gbps);

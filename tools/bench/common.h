@@ -110,6 +110,7 @@ struct Measurement {
   uint64_t base_threads = 1;
   std::string baseline = "memcpy";
   double before_gbps = 0;  // tcp: the staged socket path, same run
+  double spin_p50_us = 0;  // tcp latency: the busy-polling ping-pong's p50 (0: none)
   int verified = -1;       // -1: not checked
   // ucx: the baseline is an external ucx_perftest run, which may be missing.
   bool has_baseline = true;   // false: "baseline":"none", no ratio

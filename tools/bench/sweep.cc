@@ -163,8 +163,11 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
   const bool latency_row = mode == "latency";
   // tcp latency: the reference is a ping-pong (4 KiB out, 16 B back).
   const bool ping_row = latency_row && c.ping != nullptr;
+  const bool spin_row = ping_row && c.ping_spin != nullptr;
   if (ping_row)
     for (uint64_t i = 0; i < warmup; ++i) c.ping->RoundTrip();
+  if (spin_row)
+    for (uint64_t i = 0; i < warmup; ++i) c.ping_spin->RoundTrip();
   const std::string pt_test = c.perftest ? c.perftest->TestFor(!write, latency_row) : "";
   std::vector<double> pt_gbps, pt_p50_us;
   std::string pt_error =
@@ -173,7 +176,7 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
   const CpuClock cpu(c.child->pid());
   std::vector<CpuSpan> cpu_hixl, cpu_base, cpu_cma;
   std::vector<double> gbps, avg_us, lat_us, base_gbps, base_lat_us, before_gbps, cma_gbps,
-      cma_lat_us;
+      cma_lat_us, spin_lat_us;
   lat_us.reserve(iters * o.reps);
   base_lat_us.reserve(iters * o.reps);
   if (c.cma) cma_lat_us.reserve(iters * o.reps);
@@ -235,6 +238,13 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
       cpu_cma.push_back(Span(c0, cpu.Now(), bytes, n));
       cma_gbps.push_back(bytes / secs / 1e9);
     }
+    if (spin_row) {  // D: the ping-pong with both sides polling
+      for (uint64_t i = 0; i < iters; ++i) {
+        const auto a = Clock::now();
+        c.ping_spin->RoundTrip();
+        spin_lat_us.push_back(Seconds(a, Clock::now()) * 1e6);
+      }
+    }
     if (c.sock != nullptr) {  // the staged "before" path
       t0 = Clock::now();
       for (uint64_t i = 0; i < iters; ++i) c.sock->Run(copies, total, /*staged=*/true);
@@ -248,6 +258,7 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
   std::sort(lat_us.begin(), lat_us.end());
   std::sort(base_lat_us.begin(), base_lat_us.end());
   std::sort(cma_lat_us.begin(), cma_lat_us.end());
+  std::sort(spin_lat_us.begin(), spin_lat_us.end());
 
   Measurement m;
   m.mode = mode;
@@ -286,6 +297,7 @@ Measurement Measure(Context& c, hixl::TransferOp op, uint64_t block, uint64_t ba
     m.baseline = "pingpong";
     m.ratio = m.p50_us > 0 ? m.base_p50_us / m.p50_us : 0;
     m.ratio_of = "p50_us";
+    if (spin_row) m.spin_p50_us = Percentile(spin_lat_us, 0.50);
   }
   if (c.perftest != nullptr) {
     m.baseline = "ucx_perftest:" + pt_test;

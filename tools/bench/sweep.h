@@ -36,6 +36,7 @@ struct Context {
   SocketBaseline* sock = nullptr;         // tcp: the wire's practical limit
   const UcxPerftest* perftest = nullptr;  // ucx: UCX's own benchmark, same environment
   PingPong* ping = nullptr;               // tcp latency rows: a 4 KiB / 16 B round trip
+  PingPong* ping_spin = nullptr;          // the same, both sides polling
   bool cma = false;                       // shm: the cross-memory attach leg runs
   // shm: memfd mappings of the region's size in this process before Connect
   // (so a new one means the engine mapped the target's region); -1: not checked

@@ -24,9 +24,10 @@ void ClientLane::SetEventsLocked(uint32_t ev) {
   if (registered_ && !broken_) loop_->ModifyFd(fd_.get(), loop_id_, ev);
 }
 
-void ClientLane::Enqueue(std::vector<Piece>& pieces) {
+bool ClientLane::Enqueue(std::vector<Piece>& pieces, bool claim_reader) {
   Completions done;
   bool failed = false;
+  bool claimed = false;
   Status why;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -35,6 +36,12 @@ void ClientLane::Enqueue(std::vector<Piece>& pieces) {
           broken_ ? broken_reason_ : Status::NotConnected("link to " + engine_ + " is closing");
       for (auto& p : pieces) done.emplace_back(std::move(p.t), why);
     } else {
+      if (claim_reader && !caller_reads_ && fd_.valid()) {
+        // Before the pieces go out, so that the answers find the loop
+        // thread not watching for them.
+        caller_reads_ = claimed = true;
+        SetEventsLocked(ReadEventsLocked() | (events_ & EPOLLOUT));
+      }
       for (auto& p : pieces) {
         p.hdr.seq = next_seq_++;
         sendq_.push_back(std::move(p));
@@ -46,6 +53,7 @@ void ClientLane::Enqueue(std::vector<Piece>& pieces) {
   }
   for (auto& [t, s] : done) t->PartDone(s);
   if (failed) Fail(why);
+  return claimed;
 }
 
 void ClientLane::FlushLocked(Completions& done) {
@@ -246,6 +254,7 @@ void ClientLane::PurgeStopped() {
 
 bool ClientLane::ReadResponses(Completions& done) {
   size_t moved = 0;
+  in_.Rearm();
   for (;;) {
     if (moved >= kFairnessBytes) {  // let other lanes run, then come back
       auto self = shared_from_this();
@@ -378,9 +387,6 @@ void ClientLane::ReceiveAsCaller(const Transfer& t, std::chrono::microseconds sp
   int fd;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_ || caller_reads_ || !fd_.valid()) return;
-    caller_reads_ = true;
-    SetEventsLocked(ReadEventsLocked() | (events_ & EPOLLOUT));
     fd = fd_.get();
   }
   const auto start = net::Clock::now();
@@ -489,22 +495,23 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
       if (auto l = w.lock()) l->PurgeStopped();
     }
   });
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    if (!per_lane[i].empty()) lanes_[i]->Enqueue(per_lane[i]);
-  }
   // A caller waiting for a transfer on one lane receives its answer itself:
   // one wake-up (its own) instead of the loop thread's and then its own.
+  const bool caller_reads = caller_waits && use == 1;
+  bool claimed = false;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (!per_lane[i].empty()) claimed = lanes_[i]->Enqueue(per_lane[i], caller_reads) || claimed;
+  }
+  if (!claimed) return;
   // It polls for PollSpinUs plus the time the bytes take at a slow
   // loopback rate (a 64 KiB answer is ~25 us away, past the default spin),
   // up to 256 KiB's worth; PollSpinUs=0 never polls.
-  if (caller_waits && use == 1) {
-    std::chrono::microseconds spin(ctx_.poll_spin_us);
-    if (spin.count() > 0) {
-      spin +=
-          std::chrono::microseconds(std::min<size_t>(t->bytes(), kSpinBytesMax) / kSpinBytesPerUs);
-    }
-    lanes_[first]->ReceiveAsCaller(*t, spin, t->deadline);
+  std::chrono::microseconds spin(ctx_.poll_spin_us);
+  if (spin.count() > 0) {
+    spin +=
+        std::chrono::microseconds(std::min<size_t>(t->bytes(), kSpinBytesMax) / kSpinBytesPerUs);
   }
+  lanes_[first]->ReceiveAsCaller(*t, spin, t->deadline);
 }
 
 }  // namespace hixl::transport::tcp

@@ -88,16 +88,24 @@ class Inbound {
     beg_ += n;
     if (beg_ == end_) beg_ = end_ = 0;
   }
+  // Starts a pass over the socket (an event, or one poll of a waiting
+  // caller): the next Fill or Payload asks the socket again.
+  void Rearm() { dry_ = false; }
   // >0: bytes read; 0: peer closed; -1: would block; -2: error (errno set).
+  // A receive that returned less than it asked for emptied the socket: until
+  // Rearm, the next one answers "would block" without a system call (a
+  // reader driven by a level-triggered epoll hears of later bytes there).
   ssize_t Fill(int fd) {
     if (beg_ > 0 && end_ == buf_.size()) {
       std::memmove(buf_.data(), buf_.data() + beg_, end_ - beg_);
       end_ -= beg_;
       beg_ = 0;
     }
-    ssize_t r = ::recv(fd, buf_.data() + end_, buf_.size() - end_, MSG_DONTWAIT);
+    const size_t want = buf_.size() - end_;
+    if (dry_) return -1;
+    ssize_t r = ::recv(fd, buf_.data() + end_, want, MSG_DONTWAIT);
     if (r > 0) end_ += static_cast<size_t>(r);
-    return Result(r);
+    return Result(r, want);
   }
   // Moves up to n payload bytes into dst.
   ssize_t Payload(int fd, char* dst, size_t n) {
@@ -107,17 +115,23 @@ class Inbound {
       Consume(k);
       return static_cast<ssize_t>(k);
     }
-    return Result(::recv(fd, dst, n, MSG_DONTWAIT));
+    if (dry_) return -1;
+    return Result(::recv(fd, dst, n, MSG_DONTWAIT), n);
   }
 
  private:
-  static ssize_t Result(ssize_t r) {
-    if (r >= 0) return r;
+  ssize_t Result(ssize_t r, size_t want) {
+    if (r > 0) {
+      dry_ = static_cast<size_t>(r) < want;
+      return r;
+    }
+    if (r == 0) return 0;
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return -1;
     return -2;
   }
   std::vector<uint8_t> buf_;
   size_t beg_ = 0, end_ = 0;
+  bool dry_ = false;  // the last receive of this pass emptied the socket
 };
 
 class TcpTransport;
@@ -233,7 +247,12 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
       self->registered_ = true;
     });
   }
-  void Enqueue(std::vector<Piece>& pieces);
+  // Queues pieces and sends what the socket takes now. With claim_reader,
+  // the calling thread also becomes this lane's reader (see ReceiveAsCaller)
+  // before anything is sent, unless another caller already is or the lane is
+  // broken or closing: true when it did, and it must then call
+  // ReceiveAsCaller.
+  bool Enqueue(std::vector<Piece>& pieces, bool claim_reader = false);
   // Breaks the lane: every piece ends with why, on the lane's loop thread
   // (so none ends while its reply is being received), and the socket closes.
   void Fail(const Status& why);
@@ -250,14 +269,14 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   // Any thread (the engine's control loop): resets the lane when a stopped
   // transfer's pieces on the wire stayed unanswered for stop_grace_ms.
   void Poll();
-  // The calling thread (one waiting in TransferSync) receives the lane's
-  // answers itself until every part of t is answered, instead of the loop
-  // thread receiving them and waking it: it polls the socket for spin (less
-  // while such polls keep ending before the answer: SpinBudget), then waits
-  // in ppoll for at most kCallerReadFor (never past deadline). While it
-  // does, the loop thread does not watch the socket for answers. Returns at
-  // once when another caller is receiving on this lane or the lane broke;
-  // whatever is left is received by the loop thread as usual.
+  // The calling thread (one waiting in TransferSync, which claimed the
+  // reader's place in Enqueue) receives the lane's answers itself until
+  // every part of t is answered, instead of the loop thread receiving them
+  // and waking it: it polls the socket for spin (less while such polls keep
+  // ending before the answer: SpinBudget), then waits in ppoll for at most
+  // kCallerReadFor (never past deadline). While it does, the loop thread
+  // watches the socket for a hang-up only. Whatever is left when it returns
+  // is received by the loop thread as usual.
   void ReceiveAsCaller(const Transfer& t, std::chrono::microseconds spin, net::Deadline deadline);
   // Any thread: OK, or why the lane broke.
   Status Health() {
@@ -271,9 +290,12 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   void DetachStoppedReads();
   void FlushLocked(Completions& done);
   void SetEventsLocked(uint32_t ev);
-  // What the loop thread watches for answers: nothing while a caller
-  // receives them itself.
-  uint32_t ReadEventsLocked() const { return caller_reads_ ? 0u : EPOLLIN | EPOLLRDHUP; }
+  // What the loop thread watches for answers: a hang-up only while a caller
+  // receives them itself or none is awaited (so a lane used by waiting
+  // callers, one transfer after another, never changes its epoll mask).
+  uint32_t ReadEventsLocked() const {
+    return caller_reads_ || inflight_.empty() ? EPOLLRDHUP : EPOLLIN | EPOLLRDHUP;
+  }
   // Receives what has arrived (takes read_mu_). False: the lane can't be
   // read any more; broke is set if that happened here (the caller fails it).
   bool Receive(Completions& done, bool& broke);
@@ -293,7 +315,7 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   bool draining_ = false;
   std::condition_variable drained_cv_;
   Status broken_reason_;
-  uint32_t events_ = EPOLLIN | EPOLLRDHUP;
+  uint32_t events_ = EPOLLRDHUP;
   uint64_t next_seq_ = 1;
   std::deque<Piece> sendq_;
   std::deque<Piece> inflight_;

@@ -146,6 +146,7 @@ bool ServerLane::Process() {
 
 bool ServerLane::ProcessRequests() {
   size_t moved = 0;
+  in_.Rearm();
   while (!closing_ && out_bytes_ < kMaxQueuedReplyBytes) {
     // Steps follow each other at once; a long gap means this process was
     // stopped between two of them (see OnEvent): fence before the next.
