@@ -357,7 +357,20 @@ void ClientLane::OnEvent(uint32_t ev) {
     ok = !broken_;
   }
   bool broke = false;
-  if (ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) Receive(done, broke);
+  bool read = ok && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR));
+  if (read && !(ev & (EPOLLHUP | EPOLLERR))) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (caller_reads_) {
+      // The target half-closed while a caller receives the answers: the
+      // caller reads up to the end itself, so that every answer before it
+      // (a refusal, say) ends its piece before the lane fails the rest.
+      // Watched again once the caller is done (level-triggered: it fires
+      // then if the loop still has to act).
+      SetEventsLocked(events_ & EPOLLOUT);
+      read = false;
+    }
+  }
+  if (read) Receive(done, broke);
   for (auto& [t, s] : done) t->PartDone(s);
   if (!ok || broke) Fail(ClosedReason());
 }
