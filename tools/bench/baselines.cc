@@ -259,12 +259,14 @@ namespace {
 // other legs of the run).
 constexpr auto kPollFor = std::chrono::microseconds(200);
 bool RecvFull(int fd, char* p, size_t n, bool busy_poll = false) {
-  auto poll_until = Clock::now() + kPollFor;
+  // The blocking form reads no clock: it is the baseline being timed.
+  Clock::time_point poll_until;
+  if (busy_poll) poll_until = Clock::now() + kPollFor;
   while (n > 0) {
     const bool poll = busy_poll && Clock::now() < poll_until;
     ssize_t r = ::recv(fd, p, n, poll ? MSG_DONTWAIT : 0);
     if (r < 0 && (errno == EINTR || (poll && (errno == EAGAIN || errno == EWOULDBLOCK)))) continue;
-    if (r > 0) poll_until = Clock::now() + kPollFor;
+    if (r > 0 && busy_poll) poll_until = Clock::now() + kPollFor;
     if (r <= 0) return false;
     p += r;
     n -= static_cast<size_t>(r);
