@@ -130,6 +130,8 @@ typedef struct HixlRequestObj* HixlRequest;
 #define HIXL_OPTION_AUTH_REQUIRED "AuthRequired"
 /* UCX's error handling: "AUTO", "PEER" or "NONE" (hixl.h, kUcxErrorHandling). */
 #define HIXL_OPTION_UCX_ERROR_HANDLING "UcxErrorHandling"
+/* Where AllocMem takes host memory from: "AUTO", "UCX" or "ENGINE" (hixl.h, kUcxAllocMem). */
+#define HIXL_OPTION_UCX_ALLOC_MEM "UcxAllocMem"
 /* Discovery through etcd (hixl.h, kMetadataServer...): "etcd://host:port[,...]",
  * the key prefix, this engine's name, the entry's lease in seconds. */
 #define HIXL_OPTION_METADATA_SERVER "MetadataServer"

@@ -77,6 +77,7 @@ Status Hixl::Impl::Initialize(const std::string& local_engine,
   ctx.handshake_timeout_ms = opts_.handshake_timeout_ms;
   ctx.hb_bound_ms = opts_.hb_interval_ms * opts_.hb_misses;
   ctx.hb_interval_ms = opts_.hb_interval_ms;
+  ctx.link = opts_.link;
   ctx.settings = opts_.transport_settings;
   ctx.notify_sink = &inbox_;
   unavailable_.clear();
@@ -353,7 +354,21 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
   if (size > (size_t{1} << 46)) return Status::ParamInvalid("AllocMem: size too large");
   Alloc a;
   void* p = nullptr;
-  if (opts_.fabric_mem) {
+  for (auto& t : transports_) {
+    std::string why;
+    if ((p = t->AllocHost(size, why)) != nullptr) {
+      a.by = t.get();
+      a.mapped_len = size;
+      break;
+    }
+    if (!why.empty()) {
+      HIXL_LOG(WARN) << "AllocMem: transport " << t->name() << " could not allocate " << size
+                     << " bytes (" << why << "); the engine allocates them instead";
+    }
+  }
+  if (p != nullptr) {
+    // Taken from a transport.
+  } else if (opts_.fabric_mem) {
     if (Status s = transport::shm::AllocShareable(size, a.memfd, p, a.mapped_len); !s.ok())
       return s;
   } else {
@@ -370,14 +385,12 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
   bool added = false;
   Status s = regions_.Add(r, a.handle, added);
   if (!s.ok()) {
-    munmap(p, a.mapped_len);
-    if (a.memfd >= 0) ::close(a.memfd);
+    ReleaseAlloc(p, a);
     return s;
   }
   r.id = a.handle;
   if (Status ps = PrepareLocalRegion(r); !ps.ok()) {
-    munmap(p, a.mapped_len);
-    if (a.memfd >= 0) ::close(a.memfd);
+    ReleaseAlloc(p, a);
     return ps;
   }
   {
@@ -409,6 +422,16 @@ Status Hixl::Impl::FreeMem(void* ptr) {
     for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
   }
   if (a.memfd >= 0) ::close(a.memfd);
+  if (!exposed.empty() && a.by != nullptr) {
+    // A transport's memory cannot be replaced in place: it stays as it is,
+    // the transport's, until Finalize.
+    HIXL_LOG(WARN) << "FreeMem: " << JoinNames(dropped)
+                   << " lost the link without confirming that it stopped writing; writes already "
+                      "issued over "
+                   << exposed << " may still arrive, so its " << a.mapped_len
+                   << " bytes stay allocated until Finalize";
+    return Status::Ok();
+  }
   if (!exposed.empty()) {
     // A dropped peer's writes already on their way (over a transport that
     // cannot stop them) must land somewhere harmless: fresh private pages
@@ -428,8 +451,18 @@ Status Hixl::Impl::FreeMem(void* ptr) {
   }
   // Peers that mapped the memfd keep their own mapping of these pages until
   // they drop the region, so unmapping here can never fault a peer.
-  munmap(ptr, a.mapped_len);
+  a.memfd = -1;  // closed above
+  ReleaseAlloc(ptr, a);
   return Status::Ok();
+}
+
+void Hixl::Impl::ReleaseAlloc(void* p, const Alloc& a) {
+  if (a.by != nullptr) {
+    a.by->FreeHost(p);
+  } else {
+    munmap(p, a.mapped_len);
+  }
+  if (a.memfd >= 0) ::close(a.memfd);
 }
 
 Status Hixl::Impl::GetMemHandle(void* ptr, MemHandle& handle) const {
@@ -443,7 +476,8 @@ Status Hixl::Impl::GetMemHandle(void* ptr, MemHandle& handle) const {
 void Hixl::Impl::FreeAllocs() {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   for (auto& [ptr, a] : allocs_) {
-    munmap(ptr, a.mapped_len);
+    // A transport's memory went with the transport (Transport::Stop).
+    if (a.by == nullptr) munmap(ptr, a.mapped_len);
     if (a.memfd >= 0) ::close(a.memfd);
   }
   allocs_.clear();

@@ -195,7 +195,13 @@ class Hixl::Impl {
     int memfd = -1;
     size_t mapped_len = 0;
     MemHandle handle = 0;
+    // The transport whose memory it is (Transport::AllocHost), or null: the
+    // engine's own mapping. A transport's memory goes with the transport
+    // at Finalize, never by munmap.
+    transport::Transport* by = nullptr;
   };
+  // Gives back the memory of an allocation that never reached the application.
+  static void ReleaseAlloc(void* p, const Alloc& a);
 
   // One of a thread's recent peers (AcquirePeer): found again without the
   // peer table's lock, with the region the thread last resolved against.

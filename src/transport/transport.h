@@ -103,6 +103,8 @@ struct TransportContext {
   // about that long for answers of a stopped transfer before resetting.
   int hb_bound_ms = 3000;
   int hb_interval_ms = 1000;
+  // The engine's LinkType option (AUTO, or the transport every link uses).
+  LinkType link = LinkType::AUTO;
   // Values of every transport's own options (TransportOption), defaults
   // filled in; keyed by option name.
   std::map<std::string, int64_t> settings;
@@ -196,6 +198,19 @@ class Transport {
     (void)r;
     return Status::Ok();
   }
+  // AllocMem: host memory of len bytes that this transport moves faster
+  // than memory it is handed (UCX over shared memory reaches only segments
+  // it allocated itself; others it moves with cross-memory attach), or null
+  // with why empty when it has none to offer (the engine allocates). The
+  // memory stays the transport's: FreeHost releases it, and Stop arranges
+  // for whatever is left to go once the transport can no longer touch it.
+  virtual void* AllocHost(size_t len, std::string& why) {
+    (void)len;
+    why.clear();
+    return nullptr;
+  }
+  // Releases memory from AllocHost, after RevokeRegion of its region.
+  virtual void FreeHost(void* p) { (void)p; }
   // Target side: what a peer needs to reach r with this transport (sent in
   // the region's entry of welcome and radd); leave info null for nothing.
   virtual void DescribeRegion(const memory::LocalRegion& r, wire::Msg& info) const {

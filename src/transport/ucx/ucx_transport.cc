@@ -3,7 +3,12 @@
 // connecting (one UcxChannel per link; ucx_channel.cc).
 #include "transport/ucx/ucx_transport.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -40,8 +45,16 @@ class UcxTransport : public Transport {
 
   void Stop() override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [addr, m] : mapped_) ucp_mem_unmap(worker_->context(), m.memh);
+    for (auto& [addr, m] : mapped_) {
+      if (!m.owned) ucp_mem_unmap(worker_->context(), m.memh);
+    }
     mapped_.clear();
+    // Memory this transport allocated goes when the worker does: an
+    // operation UCX still holds (below) may touch it until then.
+    for (auto& [addr, memh] : allocated_) {
+      worker_->AtDestroy([ctx = worker_->context(), h = memh] { ucp_mem_unmap(ctx, h); });
+    }
+    allocated_.clear();
     // Channels and remote keys hold the worker until they go -- unless a link
     // was given up with operations UCX still holds (error handling NONE):
     // those end only once the worker is destroyed, which must happen before
@@ -58,7 +71,79 @@ class UcxTransport : public Transport {
   }
   void ForgetPeer(uint64_t) override {}
 
+  void* AllocHost(size_t len, std::string& why) override {
+    why.clear();
+    const int64_t mode = ctx_.Setting(options::kUcxAllocMem);
+    if (!worker_ || mode == kAllocEngine || (mode == kAllocAuto && ctx_.link != LinkType::UCX)) {
+      return nullptr;
+    }
+    // UCX's shared-memory allocators reserve the whole size up front (posix:
+    // fallocate in /dev/shm); a size no host memory can hold is left to the
+    // engine's allocator, which fails it cleanly.
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && len > static_cast<size_t>(pages) * static_cast<size_t>(page)) {
+      return nullptr;
+    }
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                   UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_PROT;
+    p.address = nullptr;
+    p.length = len;
+    p.flags = UCP_MEM_MAP_ALLOCATE;
+    p.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+             UCP_MEM_MAP_PROT_REMOTE_READ | UCP_MEM_MAP_PROT_REMOTE_WRITE;
+    ucp_mem_h memh = nullptr;
+    if (ucs_status_t s = ucp_mem_map(worker_->context(), &p, &memh); s != UCS_OK) {
+      why = UcxStatus("ucp_mem_map(ALLOCATE, " + std::to_string(len) + " bytes)", s).message();
+      return nullptr;
+    }
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucs_status_t s = ucp_mem_query(memh, &attr);
+        s != UCS_OK || attr.address == nullptr || attr.length < len) {
+      why = s != UCS_OK ? UcxStatus("ucp_mem_query", s).message()
+                        : std::string("ucp_mem_query: UCX allocated less than asked");
+      ucp_mem_unmap(worker_->context(), memh);
+      return nullptr;
+    }
+    // Commit the pages now, as the engine's allocator does: the first
+    // transfers into fresh memory would otherwise pay for every page, and a
+    // shortage shows here rather than as a fault in the middle of one.
+    if (madvise(attr.address, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+      why = "committing " + std::to_string(len) + " bytes UCX allocated: " + std::strerror(errno);
+      ucp_mem_unmap(worker_->context(), memh);
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    allocated_[reinterpret_cast<uintptr_t>(attr.address)] = memh;
+    return attr.address;
+  }
+
+  void FreeHost(void* ptr) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == allocated_.end()) return;
+    ucp_mem_unmap(worker_->context(), it->second);
+    allocated_.erase(it);
+  }
+
   Status AddRegion(const memory::LocalRegion& r) override {
+    {
+      // Memory UCX allocated is mapped already, with remote access both
+      // ways (AllocMem memory is always READ_WRITE).
+      std::unique_lock<std::mutex> lock(mu_);
+      if (auto it = allocated_.find(r.addr); it != allocated_.end()) {
+        Mapped m;
+        m.memh = it->second;
+        m.owned = true;
+        lock.unlock();
+        if (Status s = PackKey(m); !s.ok()) return s;
+        lock.lock();
+        mapped_[r.addr] = std::move(m);
+        return Status::Ok();
+      }
+    }
     ucp_mem_map_params_t p{};
     p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                    UCP_MEM_MAP_PARAM_FIELD_PROT;
@@ -71,15 +156,10 @@ class UcxTransport : public Transport {
     if (ucs_status_t s = ucp_mem_map(worker_->context(), &p, &m.memh); s != UCS_OK) {
       return UcxStatus("ucp_mem_map", s);
     }
-    void* packed = nullptr;
-    size_t len = 0;
-    if (ucs_status_t s = ucp_rkey_pack(worker_->context(), m.memh, &packed, &len); s != UCS_OK) {
+    if (Status s = PackKey(m); !s.ok()) {
       ucp_mem_unmap(worker_->context(), m.memh);
-      return UcxStatus("ucp_rkey_pack", s);
+      return s;
     }
-    const auto* b = static_cast<const uint8_t*>(packed);
-    m.rkey.assign(b, b + len);
-    ucp_rkey_buffer_release(packed);
     std::lock_guard<std::mutex> lock(mu_);
     mapped_[r.addr] = std::move(m);
     return Status::Ok();
@@ -99,7 +179,7 @@ class UcxTransport : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = mapped_.find(addr);
     if (it == mapped_.end()) return;
-    ucp_mem_unmap(worker_->context(), it->second.memh);
+    if (!it->second.owned) ucp_mem_unmap(worker_->context(), it->second.memh);
     mapped_.erase(it);
   }
 
@@ -168,20 +248,36 @@ class UcxTransport : public Transport {
  private:
   struct Mapped {
     ucp_mem_h memh = nullptr;
+    bool owned = false;  // memory AllocHost made: unmapped by FreeHost, not here
     std::vector<uint8_t> rkey;
   };
+
+  Status PackKey(Mapped& m) const {
+    void* packed = nullptr;
+    size_t len = 0;
+    if (ucs_status_t s = ucp_rkey_pack(worker_->context(), m.memh, &packed, &len); s != UCS_OK) {
+      return UcxStatus("ucp_rkey_pack", s);
+    }
+    const auto* b = static_cast<const uint8_t*>(packed);
+    m.rkey.assign(b, b + len);
+    ucp_rkey_buffer_release(packed);
+    return Status::Ok();
+  }
 
   TransportContext ctx_;
   std::shared_ptr<Worker> worker_;
   std::shared_ptr<EndpointCache> eps_;
   mutable std::mutex mu_;
   std::map<uintptr_t, Mapped> mapped_;
+  std::map<uintptr_t, ucp_mem_h> allocated_;  // AllocHost's memory, by address
 };
 
 }  // namespace
 
 std::vector<TransportOption> UcxOptions() {
-  return {{kUcxErrorHandling, 0, 2, kErrAuto, "AUTO, PEER or NONE", {"AUTO", "PEER", "NONE"}}};
+  return {
+      {kUcxErrorHandling, 0, 2, kErrAuto, "AUTO, PEER or NONE", {"AUTO", "PEER", "NONE"}},
+      {options::kUcxAllocMem, 0, 2, kAllocAuto, "AUTO, UCX or ENGINE", {"AUTO", "UCX", "ENGINE"}}};
 }
 
 std::unique_ptr<Transport> MakeUcxTransport(const TransportContext& ctx) {

@@ -18,6 +18,8 @@
 // RDMA device (/sys/class/infiniband), after shm and before tcp.
 // Option UcxErrorHandling: AUTO (default: PEER across hosts, NONE on one host
 // -- UCX 1.13 refuses shared memory under PEER), PEER or NONE.
+// Option UcxAllocMem: AllocMem's memory allocated by UCX (AUTO: when LinkType
+// is UCX), so UCX's shared-memory layer can map it into peers on this host.
 #ifndef HIXL_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define HIXL_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
@@ -30,6 +32,7 @@ namespace hixl::transport::ucx {
 
 using options::kUcxErrorHandling;
 enum ErrorMode : int64_t { kErrAuto = 0, kErrPeer = 1, kErrNone = 2 };
+enum AllocMode : int64_t { kAllocAuto = 0, kAllocUcx = 1, kAllocEngine = 2 };
 
 std::unique_ptr<Transport> MakeUcxTransport(const TransportContext& ctx);
 std::vector<TransportOption> UcxOptions();
