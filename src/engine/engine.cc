@@ -619,8 +619,9 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
 }
 
 bool Hixl::Impl::CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
-                              const TransferArgs& args) {
+                              const TransferArgs& args, bool caller_waits) {
   if (args.notify) return false;
+  if (!caller_waits && peer.channel->InlineMayWait()) return false;
   const size_t limit = peer.channel->InlineLimit();
   size_t bytes = 0;
   for (const auto& s : slices) {
@@ -668,7 +669,7 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
   Scratch& sc = tl_scratch;
   if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
     return s;
-  if (CanRunInline(*peer, sc.slices, args)) {
+  if (CanRunInline(*peer, sc.slices, args, /*caller_waits=*/true)) {
     // Small shm copies: no request object, no hand-off.
     ResolvedGuard g{sc.pins, &peer->active};
     return peer->channel->RunInline(op, sc.slices.data(), sc.slices.size(), deadline);
@@ -703,7 +704,7 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
   Scratch& sc = tl_scratch;
   if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
     return s;
-  if (CanRunInline(*peer, sc.slices, args)) {
+  if (CanRunInline(*peer, sc.slices, args, /*caller_waits=*/false)) {
     // A small shm copy ends here, before the request exists: a success is
     // one bit until GetTransferStatus reports it; a failure is kept as an
     // ended request with its reason.

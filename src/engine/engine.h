@@ -232,9 +232,10 @@ class Hixl::Impl {
                  const TransferArgs& args, net::Deadline deadline, std::shared_ptr<Peer>& peer,
                  std::vector<memory::Slice>& slices, std::vector<memory::RegionRef>& pins);
   // True when the resolved transfer may run through Channel::RunInline (no
-  // notification, within the channel's InlineLimit).
+  // notification, within the channel's InlineLimit; for a caller that does
+  // not wait, only on a channel whose RunInline never waits for the peer).
   static bool CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
-                           const TransferArgs& args);
+                           const TransferArgs& args, bool caller_waits);
   // The request object of a resolved transfer; it takes over the pins and
   // the peer's activity count (slices and pins are left empty).
   std::shared_ptr<transport::Transfer> MakeTransfer(const std::shared_ptr<Peer>& peer,

@@ -129,6 +129,10 @@ class Channel {
   // Transfers of at most this many bytes (and no notification) may run
   // through RunInline instead of Submit; 0: never.
   virtual size_t InlineLimit() const { return 0; }
+  // RunInline may have to wait for the peer (UCX: bytes an emulated put
+  // still has on their way): then only a caller that waits anyway
+  // (TransferSync) runs a transfer inline, never TransferAsync.
+  virtual bool InlineMayWait() const { return false; }
   // Moves slices[0, n) on the calling thread and returns how that ended,
   // with the same checks and ordering as a submitted transfer; no Transfer
   // object exists, so nothing can stop it but the deadline and Close. The

@@ -6,6 +6,7 @@
 // (UcxAllocMem). Real peer processes (hixl_test_peer), one host.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,49 @@ TEST(UcxAllocMem, BadValueIsRefused) {
   HIXL_ASSERT_OK(e.AllocMem(4096, hixl::MemType::MEM_HOST, &q));
   EXPECT_FALSE(IsEngineMemory(MappingOf(0, reinterpret_cast<uintptr_t>(q))));
   HIXL_EXPECT_OK(e.FreeMem(q));
+}
+
+// Over shared memory without cma, UCX emulates puts and gets into memory it
+// did not allocate with messages the target serves: small transfers, which
+// run inline on a shared-memory link, then still have bytes on their way
+// after posting and finish as tracked transfers. Data lands whole, both ways,
+// sync and async.
+TEST(UcxInline, EmulatedSmallTransfersOverSharedMemoryLandWhole) {
+  ScopedEnv env("UCX_TLS", "posix,self");
+  PeerProcess peer(WithEnv("UCX_TLS=posix,self"));
+  ASSERT_TRUE(peer.Start());
+  const uintptr_t remote = peer.Reg("m", 256 << 10);  // the peer's own memory, not UCX's
+  ASSERT_NE(remote, 0u);
+  hixl::Hixl e;
+  HIXL_ASSERT_OK(e.Initialize("127.0.0.1", {{hixl::options::kLinkType, "UCX"}}));
+  HIXL_ASSERT_OK(e.Connect(peer.engine(), 5000));
+  hixl_test::Buffer src(256 << 10), dst(256 << 10);
+  hixl_test::FillPattern(src.data(), src.size(), 3);
+  // 4 KiB, then 64 one-KiB pieces in one transfer (64 KiB: still inline).
+  HIXL_ASSERT_OK(
+      e.TransferSync(peer.engine(), hixl::TransferOp::WRITE, {{src.addr(), remote, 4096}}, 5000));
+  std::vector<hixl::TransferOpDesc> pieces;
+  for (size_t k = 0; k < 64; ++k)
+    pieces.push_back({src.addr() + 4096 + k * 1024, remote + 4096 + k * 1024, 1024});
+  HIXL_ASSERT_OK(e.TransferSync(peer.engine(), hixl::TransferOp::WRITE, pieces, 5000));
+  EXPECT_EQ(peer.Hash("m", 0, 4096 + 65536), src.HashHex(0, 4096 + 65536));
+  // Async, then read everything back.
+  hixl::TransferReq req = 0;
+  HIXL_ASSERT_OK(e.TransferAsync(peer.engine(), hixl::TransferOp::WRITE,
+                                 {{src.addr() + 69632, remote + 69632, 8192}}, {}, req));
+  hixl::TransferStatus st = hixl::TransferStatus::WAITING;
+  for (int i = 0; i < 5000 && st == hixl::TransferStatus::WAITING; ++i) {
+    HIXL_ASSERT_OK(e.GetTransferStatus(req, st));
+    if (st == hixl::TransferStatus::WAITING) usleep(1000);
+  }
+  EXPECT_EQ(st, hixl::TransferStatus::COMPLETED);
+  for (size_t off = 0; off < 77824; off += 16384) {
+    const size_t len = std::min<size_t>(16384, 77824 - off);
+    HIXL_ASSERT_OK(e.TransferSync(peer.engine(), hixl::TransferOp::READ,
+                                  {{dst.addr() + off, remote + off, len}}, 5000));
+  }
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 77824), 0);
+  ASSERT_TRUE(peer.Ok("ping"));
 }
 
 }  // namespace

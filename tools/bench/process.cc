@@ -137,8 +137,9 @@ std::string Child::Reap() {
 // ----------------------------------------------------------------- target ---
 
 Target StartTarget(Child& child, const Options& o, const std::string& mem) {
-  std::vector<std::string> args = {"hixl-bench", "--serve",       "--mem",
-                                   mem,          "--region-size", std::to_string(o.region_size)};
+  std::vector<std::string> args = {
+      "hixl-bench",  "--serve",   "--mem",         mem,
+      "--transport", o.transport, "--region-size", std::to_string(o.region_size)};
   for (const auto& [k, v] : o.engine_opts) {
     args.push_back("--engine-opt");
     args.push_back(k + "=" + v);
@@ -249,7 +250,11 @@ void ReportSeen(std::vector<double>& us, uint64_t n) {
 
 int Serve(const Options& o) {
   hixl::Hixl engine;
-  Check(engine.Initialize("127.0.0.1:0", WithEngineOpts(o, {})), "target Initialize(127.0.0.1:0)");
+  // The target's LinkType as the initiator's, as in a deployment: under UCX
+  // it decides where AllocMem takes memory from (UcxAllocMem).
+  Check(engine.Initialize("127.0.0.1:0", WithEngineOpts(o, {{hixl::options::kLinkType,
+                                                             LinkTypeOption(o.transport)}})),
+        "target Initialize(127.0.0.1:0)");
   const size_t len = o.region_size;
   const auto owned = std::make_unique<Region>(engine, o.mems.front(), len);
   uint8_t* region = owned->data();

@@ -52,10 +52,12 @@ struct UcxChannel::Core {
   std::unordered_set<void*> flushes;
   bool closed = false;
   Status broken;
+  std::atomic<bool> is_broken{false};  // broken is set (read without mu)
 
   std::mutex key_mu;
   std::set<KeyBox*> keys;          // live keys (the regions still hold them)
   std::vector<ucp_rkey_h> garbage;  // keys of released regions, destroyed under post_mu
+  std::atomic<bool> has_garbage{false};  // garbage may be non-empty (read without key_mu)
 
   void End(uint64_t id, ucs_status_t st) {
     Op op;
@@ -91,6 +93,41 @@ struct UcxChannel::Core {
     ep = nullptr;
   }
 
+  // Posts one put (WRITE) or get (READ) per slice; post_mu held. Stops at
+  // the first error, or when t (if given) was stopped or passed its deadline
+  // (checked every 1024 slices): what was posted still lands. in_place (if
+  // given): set false when an operation did not complete in place (UCX
+  // returned a request), i.e. it still moves bytes after this returns.
+  Status Post(TransferOp op, const memory::Slice* slices, size_t n, const Transfer* t,
+              bool* in_place) {
+    for (size_t i = 0; i < n; ++i) {
+      const memory::Slice& sl = slices[i];
+      if (t != nullptr && ((i + 1) & 1023) == 0) {
+        if (Status s = t->CheckContinue(); !s.ok()) return s;
+      }
+      auto* box = static_cast<KeyBox*>(sl.region->transport_state.get());
+      if (box == nullptr || box->key == nullptr) {
+        return Status::Failed("region " + std::to_string(sl.region->id) + " of " + engine +
+                              " has no UCX remote key");
+      }
+      ucp_request_param_t p{};
+      void* local = reinterpret_cast<void*>(sl.local);
+      ucs_status_ptr_t r = op == TransferOp::WRITE
+                               ? ucp_put_nbx(ep, local, sl.len, sl.remote, box->key, &p)
+                               : ucp_get_nbx(ep, local, sl.len, sl.remote, box->key, &p);
+      if (UCS_PTR_IS_ERR(r)) {
+        return UcxStatus(
+            "UCX " + std::string(op == TransferOp::WRITE ? "put" : "get") + " to " + engine,
+            UCS_PTR_STATUS(r));
+      }
+      if (r != nullptr) {
+        ucp_request_free(r);  // released when done; the flush waits for it
+        if (in_place != nullptr) *in_place = false;
+      }
+    }
+    return Status::Ok();
+  }
+
   // Destroys every remote key, released or live; post_mu held.
   void DestroyKeys() {
     CollectGarbage();
@@ -107,10 +144,12 @@ struct UcxChannel::Core {
 
   // Destroys the keys of released regions; post_mu held.
   void CollectGarbage() {
+    if (!has_garbage.load(std::memory_order_acquire)) return;
     std::vector<ucp_rkey_h> g;
     {
       std::lock_guard<std::mutex> lock(key_mu);
       g.swap(garbage);
+      has_garbage.store(false, std::memory_order_relaxed);
     }
     for (ucp_rkey_h k : g) ucp_rkey_destroy(k);
   }
@@ -159,6 +198,7 @@ void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   std::lock_guard<std::mutex> lock(core->mu);
   if (core->closed || !core->broken.ok()) return;
   core->broken = UcxStatus("UCX endpoint to " + core->engine + " failed", status);
+  core->is_broken.store(true, std::memory_order_release);
   HIXL_LOG(WARN) << core->broken.message();
 }
 
@@ -216,6 +256,7 @@ Status UcxChannel::Open(const std::vector<uint8_t>& peer_address, net::Deadline 
     return UcxStatus("UCX endpoint to " + core_->engine + " (error handling " + mode + ")", s);
   }
   layers_ = EndpointLayers(core_->ep);
+  shared_memory_ = IsSharedMemory(layers_);
   HIXL_LOG(INFO) << "ucx link to " << core_->engine << ": layers " << layers_
                  << ", error handling " << mode;
   return Status::Ok();
@@ -247,7 +288,10 @@ Status UcxChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info)
   r.transport_state = std::shared_ptr<void>(box, [core = core_](void* p) {
     auto* b = static_cast<Core::KeyBox*>(p);
     std::lock_guard<std::mutex> lock(core->key_mu);
-    if (b->key != nullptr) core->garbage.push_back(b->key);
+    if (b->key != nullptr) {
+      core->garbage.push_back(b->key);
+      core->has_garbage.store(true, std::memory_order_release);
+    }
     core->keys.erase(b);
     delete b;
   });
@@ -277,40 +321,20 @@ void UcxChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
     t->PartDone(s);
     return;
   }
-  Status result;
-  size_t n = 0;
-  for (const auto& sl : t->slices) {
-    if ((++n & 1023) == 0) {
-      if (Status s = t->CheckContinue(); !s.ok()) {
-        result = s;  // stop posting; what was posted still lands before the end
-        break;
-      }
-    }
-    auto* box = static_cast<Core::KeyBox*>(sl.region->transport_state.get());
-    if (box == nullptr || box->key == nullptr) {
-      result = Status::Failed("region " + std::to_string(sl.region->id) + " of " + c.engine +
-                              " has no UCX remote key");
-      break;
-    }
-    ucp_request_param_t p{};
-    void* local = reinterpret_cast<void*>(sl.local);
-    ucs_status_ptr_t r = t->op == TransferOp::WRITE
-                             ? ucp_put_nbx(c.ep, local, sl.len, sl.remote, box->key, &p)
-                             : ucp_get_nbx(c.ep, local, sl.len, sl.remote, box->key, &p);
-    if (UCS_PTR_IS_ERR(r)) {
-      result = UcxStatus("UCX " + std::string(t->op == TransferOp::WRITE ? "put" : "get") +
-                             " to " + c.engine,
-                         UCS_PTR_STATUS(r));
-      break;
-    }
-    if (r != nullptr) ucp_request_free(r);  // released when done; the flush waits for it
-  }
+  Status result = c.Post(t->op, t->slices.data(), t->slices.size(), t.get(), nullptr);
+  FlushAndTrack(post, t, std::move(result), caller_waits);
+}
+
+void UcxChannel::FlushAndTrack(std::unique_lock<std::mutex>& post,
+                               const std::shared_ptr<Transfer>& t, Status result,
+                               bool caller_waits) {
+  Core& c = *core_;
   uint64_t id = 0;
   FlushCtx* ctx = nullptr;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     id = c.next_op++;
-    c.ops.emplace(id, Core::Op{t, result});
+    c.ops.emplace(id, Core::Op{t, std::move(result)});
     ctx = new FlushCtx{core_, id};
     c.flushes.insert(ctx);
   }
@@ -343,6 +367,45 @@ void UcxChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
   worker_->Wake();
 }
 
+Status UcxChannel::RunInline(TransferOp op, const memory::Slice* slices, size_t n,
+                             net::Deadline deadline) {
+  Core& c = *core_;
+  std::unique_lock<std::mutex> post(c.post_mu);
+  if (c.post_closed) return Status::NotConnected("link to " + c.engine + " is closed");
+  if (c.is_broken.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    return c.broken;
+  }
+  c.CollectGarbage();
+  // The deadline is not read here: the caller has just set it (as shm's
+  // inline copies do, it is looked at only where a transfer could wait).
+  bool in_place = true;
+  Status result = c.Post(op, slices, n, nullptr, &in_place);
+  if (in_place) {
+    // Every put or get was a copy this thread made (shared memory, cma): the
+    // flush has nothing to wait for and completes here, without a request.
+    ucp_request_param_t fp{};
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(c.ep, &fp);
+    if (r == nullptr) return result;
+    if (UCS_PTR_IS_ERR(r)) {
+      return result.ok() ? UcxStatus("UCX transfer to " + c.engine, UCS_PTR_STATUS(r)) : result;
+    }
+    ucp_request_free(r);  // released when done; the flush below covers the same operations
+  }
+  // Bytes are still on their way: the rest runs as a transfer of its own
+  // (no slices: the caller holds the pins until this returns), so Close and
+  // the stall checks see it like any other.
+  auto t = std::make_shared<Transfer>(op, std::vector<memory::Slice>{},
+                                      std::vector<memory::RegionRef>{}, deadline);
+  FlushAndTrack(post, t, std::move(result), /*caller_waits=*/true);
+  if (!t->WaitDone(deadline)) {
+    // As TransferSync does: stop, then wait until nothing can move any more.
+    t->RequestStop(Status::Timeout("transfer deadline passed"));
+    t->WaitDone(net::Deadline::max());
+  }
+  return t->reason();
+}
+
 Status UcxChannel::Health() const {
   std::lock_guard<std::mutex> lock(core_->mu);
   if (core_->closed) return Status::Ok();  // being closed on purpose: not a failure
@@ -366,6 +429,7 @@ void UcxChannel::Poll() {
     } else if (now - op.stop_at > std::chrono::milliseconds(c.stall_ms)) {
       c.broken = Status::NotConnected("UCX: " + c.engine + " left a stopped transfer unanswered for " +
                                       std::to_string(c.stall_ms) + " ms");
+      c.is_broken.store(true, std::memory_order_release);
       HIXL_LOG(WARN) << c.broken.message();
       return;
     }

@@ -52,6 +52,13 @@ class UcxChannel : public Channel {
   LinkType link_type() const override { return LinkType::UCX; }
   Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) override;
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
+  // Over shared memory (posix, cma) puts and gets are copies the calling
+  // thread makes: small transfers run inline, without a Transfer object.
+  size_t InlineLimit() const override { return shared_memory_ ? kInlineBytes : 0; }
+  bool InlineMayWait() const override { return true; }
+  Status RunInline(TransferOp op, const memory::Slice* slices, size_t n,
+                   net::Deadline deadline) override;
+  static constexpr size_t kInlineBytes = 64u << 10;
   void Close(net::Deadline drain_until) override;
   Status Health() const override;
   void Poll() override;
@@ -59,12 +66,19 @@ class UcxChannel : public Channel {
   struct Core;  // what completion callbacks share with the channel (ucx_channel.cc)
 
  private:
+  // Posts the flush that ends t (post_mu held by post; released here) and,
+  // when caller_waits, progresses the worker a bounded while for it.
+  // result: an error met while posting t's operations.
+  void FlushAndTrack(std::unique_lock<std::mutex>& post, const std::shared_ptr<Transfer>& t,
+                     Status result, bool caller_waits);
+
   std::shared_ptr<Worker> worker_;
   std::shared_ptr<EndpointCache> cache_;
   std::vector<uint8_t> peer_address_;
   std::shared_ptr<Core> core_;
   int64_t peer_pid_ = 0;
   std::string layers_;
+  bool shared_memory_ = false;  // on_shared_memory(), set by Open
 };
 
 }  // namespace hixl::transport::ucx

@@ -62,7 +62,16 @@ ucs_log_func_rc_t ForwardUcxLog(const char* file, unsigned line, const char*,
 Status Worker::Create(std::shared_ptr<Worker>& out) {
   static std::once_flag log_once;
   std::call_once(log_once, [] { ucs_log_push_handler(&ForwardUcxLog); });
-  std::shared_ptr<Worker> w(new Worker());
+  // The last holder may let go on the progress thread itself (a transfer's
+  // end there releases its link, whose channel holds the worker): that
+  // thread cannot join itself, so the worker then goes on a thread of its own.
+  std::shared_ptr<Worker> w(new Worker(), [](Worker* p) {
+    if (p->thread_.get_id() == std::this_thread::get_id()) {
+      std::thread([p] { delete p; }).detach();
+    } else {
+      delete p;
+    }
+  });
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return UcxStatus("reading the UCX configuration", s);
