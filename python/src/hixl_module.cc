@@ -385,6 +385,7 @@ PYBIND11_MODULE(_hixl, m) {
   o.attr("AUTH_SECRET_FILE") = hixl::options::kAuthSecretFile;
   o.attr("AUTH_REQUIRED") = hixl::options::kAuthRequired;
   o.attr("UCX_ERROR_HANDLING") = hixl::options::kUcxErrorHandling;
+  o.attr("UCX_ALLOC_MEM") = hixl::options::kUcxAllocMem;
   o.attr("METADATA_SERVER") = hixl::options::kMetadataServer;
   o.attr("METADATA_PREFIX") = hixl::options::kMetadataPrefix;
   o.attr("ENGINE_NAME") = hixl::options::kEngineName;
