@@ -11,7 +11,7 @@
 # to come, are listed here; the test test_labels (tests/check_labels.py)
 # holds the build to them.
 set(HIXL_TEST_AREA_LABELS
-  tcp shm ucx capi datadist multihost auth fault load fuzz discovery python cs peers)
+  tcp shm ucx capi datadist multihost auth fault load fuzz discovery python cs peers cuda)
 set(HIXL_TEST_COMING_LABELS gpu vllm sglang)
 
 # hixl_label_tests(SUITE_LABELS TEST...): SUITE_LABELS is one list ("a;b").

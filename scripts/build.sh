@@ -12,7 +12,18 @@ case "$flavour" in
   tsan)    dir=build-tsan; args=(-DCMAKE_BUILD_TYPE=Debug -DHIXL_SANITIZE=thread -DHIXL_BUILD_TOOLS=OFF) ;;
   *) echo "usage: $0 [release|asan|tsan]" >&2; exit 2 ;;
 esac
-# The optional parts are on here (and so in CI): UCX transport, etcd discovery.
+# The optional parts are on here (and so in CI): UCX transport, etcd discovery,
+# CUDA device memory (the toolkit's headers; CUDAToolkit_ROOT or /usr/local/cuda).
 args+=(-DHIXL_WITH_UCX=ON -DHIXL_WITH_ETCD=ON)
+# HIXL_NO_CUDA=1 leaves CUDA out; so does a host with no toolkit (said below).
+if [ -z "${HIXL_NO_CUDA:-}" ]; then
+  if [ -n "${CUDAToolkit_ROOT:-}" ] || command -v nvcc >/dev/null; then
+    args+=(-DHIXL_WITH_CUDA=ON)
+  elif [ -d /usr/local/cuda/include ]; then
+    args+=(-DHIXL_WITH_CUDA=ON -DCUDAToolkit_ROOT=/usr/local/cuda)
+  else
+    echo "build.sh: no CUDA toolkit found (CUDAToolkit_ROOT, nvcc, /usr/local/cuda): building without device memory" >&2
+  fi
+fi
 cmake -S . -B "$dir" "${args[@]}" ${HIXL_CMAKE_ARGS:-} >/dev/null
 cmake --build "$dir" -j "$(nproc)"

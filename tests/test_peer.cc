@@ -7,6 +7,12 @@
 // (or "ERR <status>" and exit 2). Then one reply line per command line:
 //
 //   alloc NAME SIZE            AllocMem                         -> OK <addr>
+//   devalloc NAME SIZE         AllocMem(MEM_DEVICE)             -> OK <addr>
+//   devreg NAME TOTAL OFF SIZE [PERMS]  device memory of TOTAL bytes from the
+//                              driver (tests/device/test_cuda.h), bytes
+//                              [OFF, OFF+SIZE) registered MEM_DEVICE -> OK <addr>
+//                              (fill, fillpat and hash reach device regions
+//                              through the driver)
 //   reg NAME SIZE PERMS        allocate SIZE + 2*4096 guard bytes (0xCD) as
 //                              plain anonymous memory (mmap, zero-filled; not
 //                              engine memory), register the middle SIZE bytes,
@@ -84,6 +90,7 @@
 #include <vector>
 
 #include "hixl/hixl.h"
+#include "device/test_cuda.h"
 #include "peer_process.h"
 
 namespace {
@@ -132,7 +139,27 @@ struct Region {
   hixl::MemHandle handle = 0;
   bool registered = false;
   std::shared_ptr<Block> block;  // kReg / kBuf
+  bool device = false;           // CUDA device memory (devalloc, devreg)
+  uintptr_t dev_alloc = 0;       // devreg: the allocation it lies in (freed with it)
 };
+
+// Device memory is read and written only through the driver (the fake
+// driver's device memory faults on any CPU access).
+bool DevFill(const Region& r, uint64_t seed, int byte) {
+  std::vector<unsigned char> host(r.size);
+  if (byte >= 0) {
+    std::memset(host.data(), byte, host.size());
+  } else {
+    hixl_test::FillPattern(host.data(), host.size(), seed);
+  }
+  return hixl_test::TestCuda::Get().Copy(r.addr, host.data(), r.size);
+}
+bool DevHash(const Region& r, size_t off, size_t len, uint64_t& h) {
+  std::vector<unsigned char> host(len);
+  if (!hixl_test::TestCuda::Get().Copy(host.data(), r.addr + off, len)) return false;
+  h = hixl_test::Fnv1a64(host.data(), len);
+  return true;
+}
 
 // "OK shared <path>" when the page at addr is a shared mapping here, else
 // "OK private" (from /proc/self/maps).
@@ -264,6 +291,52 @@ class Peer {
       if (!hs.ok()) return Reply("ERR GetMemHandle after AllocMem: " + hs.ToString()), true;
       regions[name] = r;
       return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(p))), true;
+    }
+    if (cmd == "devalloc") {  // devalloc NAME SIZE: AllocMem(MEM_DEVICE)
+      std::string name;
+      size_t size = 0;
+      if (!(in >> name >> size) || Find(name)) return Reply("ERR usage/duplicate"), true;
+      void* p = nullptr;
+      hixl::Status s = engine.AllocMem(size, hixl::MemType::MEM_DEVICE, &p);
+      if (!s.ok()) return Reply(Err(s)), true;
+      Region r;
+      r.kind = Kind::kAlloc;
+      r.addr = static_cast<unsigned char*>(p);
+      r.size = size;
+      r.registered = true;
+      r.device = true;
+      if (hixl::Status hs = engine.GetMemHandle(p, r.handle); !hs.ok())
+        return Reply("ERR GetMemHandle after AllocMem: " + hs.ToString()), true;
+      regions[name] = r;
+      return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(p))), true;
+    }
+    if (cmd == "devreg") {  // devreg NAME TOTAL OFFSET SIZE [perms]: part of a device allocation
+      std::string name, perm_s = "rw";
+      size_t total = 0, off = 0, size = 0;
+      if (!(in >> name >> total >> off >> size) || Find(name) || off + size > total)
+        return Reply("ERR usage/duplicate"), true;
+      in >> perm_s;
+      uint32_t perms = 0;
+      if (!ParsePerms(perm_s, perms)) return Reply("ERR bad perms"), true;
+      auto& cuda = hixl_test::TestCuda::Get();
+      if (!cuda.ok()) return Reply("ERR no test driver: " + cuda.error()), true;
+      uintptr_t base = cuda.Alloc(total);
+      if (base == 0) return Reply("ERR device allocation failed"), true;
+      Region r;
+      r.kind = Kind::kReg;
+      r.addr = reinterpret_cast<unsigned char*>(base + off);
+      r.size = size;
+      r.device = true;
+      r.dev_alloc = base;
+      hixl::MemDesc d{base + off, size};
+      hixl::Status s = engine.RegisterMem(d, hixl::MemType::MEM_DEVICE, r.handle, perms);
+      if (!s.ok()) {
+        cuda.Free(base);
+        return Reply(Err(s)), true;
+      }
+      r.registered = true;
+      regions[name] = r;
+      return Reply("OK " + std::to_string(base + off)), true;
     }
     if (cmd == "reg" || cmd == "buf") {
       std::string name, perm_s = "rw";
@@ -399,6 +472,9 @@ class Peer {
       Region* r = Find(name);
       if (!r || byte_s.empty()) return Reply("ERR no such region/usage"), true;
       unsigned long v = std::strtoul(byte_s.c_str(), nullptr, 0);
+      if (r->device) {
+        return Reply(DevFill(*r, 0, static_cast<int>(v & 0xff)) ? "OK" : "ERR device copy"), true;
+      }
       FillRegionBytes(r->addr, static_cast<int>(v & 0xff), r->size);
       return Reply("OK"), true;
     }
@@ -408,6 +484,7 @@ class Peer {
       in >> name >> seed;
       Region* r = Find(name);
       if (!r) return Reply("ERR no such region"), true;
+      if (r->device) return Reply(DevFill(*r, seed, -1) ? "OK" : "ERR device copy"), true;
       hixl_test::FillPattern(r->addr, r->size, seed);
       return Reply("OK"), true;
     }
@@ -418,6 +495,11 @@ class Peer {
       Region* r = Find(name);
       if (!r) return Reply("ERR no such region"), true;
       if (off > r->size || len > r->size - off) return Reply("ERR range outside region"), true;
+      if (r->device) {
+        uint64_t h = 0;
+        if (!DevHash(*r, off, len, h)) return Reply("ERR device copy"), true;
+        return Reply("OK " + hixl_test::HashHex(h)), true;
+      }
       return Reply("OK " + hixl_test::HashHex(hixl_test::Fnv1a64(r->addr + off, len))), true;
     }
     if (cmd == "canary") {
@@ -425,7 +507,7 @@ class Peer {
       in >> name;
       Region* r = Find(name);
       if (!r) return Reply("ERR no such region"), true;
-      if (!r->block) return Reply("OK intact"), true;  // AllocMem memory has no guards
+      if (!r->block || r->device) return Reply("OK intact"), true;  // no guards
       const Block& b = *r->block;
       if (b.fd >= 0) return Reply("OK intact"), true;  // filereg: no guards
       for (size_t i = 0; i < b.head; ++i) {
@@ -460,6 +542,7 @@ class Peer {
       } else if (r->registered) {
         s = engine.DeregisterMem(r->handle);
       }
+      if (r->dev_alloc != 0 && s.ok()) hixl_test::TestCuda::Get().Free(r->dev_alloc);
       regions.erase(name);  // frees the block when no other region shares it
       if (!s.ok()) return Reply(Err(s)), true;
       return Reply("OK"), true;

@@ -186,12 +186,27 @@ HIXL_C_EXPORT HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_
 HIXL_C_EXPORT HixlStatus hixlRegisterMemoryFlags(HixlEngine engine, void* addr, size_t size,
                                                  uint32_t perms, uint32_t flags,
                                                  HixlMemHandle* handle);
+/* Memory types (hixl::MemType in C++). HIXL_MEM_DEVICE: CUDA device memory,
+ * in a build with CUDA on a host with a driver and a device (otherwise
+ * HIXL_UNSUPPORTED, saying which); docs/GPU.md. */
+#define HIXL_MEM_DEVICE 0u
+#define HIXL_MEM_HOST 1u
+/* hixlRegisterMemoryFlags for memory of type mem_type (HIXL_MEM_*): device
+ * memory registered as host memory, or the reverse, is HIXL_PARAM_INVALID. */
+HIXL_C_EXPORT HixlStatus hixlRegisterMemoryTyped(HixlEngine engine, void* addr, size_t size,
+                                                 uint32_t mem_type, uint32_t perms,
+                                                 uint32_t flags, HixlMemHandle* handle);
 /* Releases a handle of this engine: a registered region is deregistered (see
  * hixl.h for the guarantee); a deserialized handle is simply released. */
 HIXL_C_EXPORT HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle handle);
 /* Engine-owned shareable host memory (page-aligned, zeroed). */
 HIXL_C_EXPORT HixlStatus hixlAllocMemory(HixlEngine engine, size_t size, void** ptr);
 HIXL_C_EXPORT HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr);
+/* hixlAllocMemory of type mem_type: HIXL_MEM_DEVICE gives device memory on
+ * the device current on the calling thread (device 0 when none is),
+ * registered READ|WRITE, released with hixlFreeMemory. */
+HIXL_C_EXPORT HixlStatus hixlAllocMemoryTyped(HixlEngine engine, size_t size, uint32_t mem_type,
+                                              void** ptr);
 
 /* A printable string naming the handle's engine ("ip:port") and its
  * generation, region address, length, permissions and a checksum; owned by

@@ -573,6 +573,23 @@ HixlStatus hixlRegisterMemory(HixlEngine engine, void* addr, size_t size, uint32
 
 HixlStatus hixlRegisterMemoryFlags(HixlEngine engine, void* addr, size_t size, uint32_t perms,
                                    uint32_t flags, HixlMemHandle* handle) {
+  return hixlRegisterMemoryTyped(engine, addr, size, HIXL_MEM_HOST, perms, flags, handle);
+}
+
+namespace {
+bool ToMemType(uint32_t t, hixl::MemType& out) {
+  static_assert(HIXL_MEM_DEVICE == static_cast<uint32_t>(hixl::MemType::MEM_DEVICE));
+  static_assert(HIXL_MEM_HOST == static_cast<uint32_t>(hixl::MemType::MEM_HOST));
+  if (t != HIXL_MEM_DEVICE && t != HIXL_MEM_HOST) return false;
+  out = static_cast<hixl::MemType>(t);
+  return true;
+}
+}  // namespace
+
+HixlStatus hixlRegisterMemoryTyped(HixlEngine engine, void* addr, size_t size, uint32_t mem_type,
+                                   uint32_t perms, uint32_t flags, HixlMemHandle* handle) {
+  hixl::MemType type;
+  if (!ToMemType(mem_type, type)) return Invalid("mem_type must be HIXL_MEM_HOST or HIXL_MEM_DEVICE");
   auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
   if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
   if (addr == nullptr) return Invalid("memory address is NULL");
@@ -610,8 +627,7 @@ HixlStatus hixlRegisterMemoryFlags(HixlEngine engine, void* addr, size_t size, u
   }
   if (!m->alloc_backed) {
     static_assert(HIXL_REGISTER_SHARE_BY_MAPPING == hixl::REGISTER_SHARE_BY_MAPPING);
-    hixl::Status s =
-        e->engine.RegisterMem({m->addr, size}, hixl::MemType::MEM_HOST, m->cxx, perms, flags);
+    hixl::Status s = e->engine.RegisterMem({m->addr, size}, type, m->cxx, perms, flags);
     if (!s.ok()) return FromCxx(s);
   }
   hixl::net::HostPort hp;
@@ -659,12 +675,18 @@ HixlStatus hixlUnregisterMemory(HixlEngine engine, HixlMemHandle handle) {
 }
 
 HixlStatus hixlAllocMemory(HixlEngine engine, size_t size, void** ptr) {
+  return hixlAllocMemoryTyped(engine, size, HIXL_MEM_HOST, ptr);
+}
+
+HixlStatus hixlAllocMemoryTyped(HixlEngine engine, size_t size, uint32_t mem_type, void** ptr) {
+  hixl::MemType type;
+  if (!ToMemType(mem_type, type)) return Invalid("mem_type must be HIXL_MEM_HOST or HIXL_MEM_DEVICE");
   auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
   if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
   if (size == 0) return Invalid("size is 0");
   if (ptr == nullptr) return Invalid("ptr output pointer is NULL");
   void* p = nullptr;
-  if (hixl::Status s = e->engine.AllocMem(size, hixl::MemType::MEM_HOST, &p); !s.ok()) {
+  if (hixl::Status s = e->engine.AllocMem(size, type, &p); !s.ok()) {
     return FromCxx(s);
   }
   {

@@ -10,6 +10,7 @@ wire::Msg EncodeRegions(const std::vector<RegionDesc>& regions) {
   for (const auto& r : regions) {
     wire::Msg e = {
         {"id", r.id}, {"addr", r.addr}, {"len", r.len}, {"perm", r.perms}, {"fd", r.shareable}};
+    if (r.device) e["dev"] = true;
     if (r.tp.is_object() && !r.tp.empty()) e["tp"] = r.tp;
     arr.push_back(std::move(e));
   }
@@ -31,6 +32,12 @@ Status DecodeRegions(const wire::Msg& m, std::vector<RegionDesc>& out) {
     if (r.id == 0 || r.addr == 0 || r.len == 0 || r.addr + r.len < r.addr ||
         (r.perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
       return Status::ParamInvalid("region entry " + std::to_string(r.id) + " out of range");
+    }
+    if (auto it = e.find("dev"); it != e.end()) {
+      if (!it->is_boolean()) {
+        return Status::ParamInvalid("region entry " + std::to_string(r.id) + ": malformed dev");
+      }
+      r.device = it->get<bool>();
     }
     if (auto it = e.find("tp"); it != e.end()) {
       if (!it->is_object() || it->size() > kMaxRegionTransports) {

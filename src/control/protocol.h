@@ -64,6 +64,7 @@ struct RegionDesc {
   uint64_t len = 0;
   uint32_t perms = 0;
   bool shareable = false;
+  bool device = false;  // device memory: only a transport that says how reaches it
   // What each transport needs to reach the region ({name: info}, e.g. UCX's
   // packed remote key); an object of at most kMaxRegionTransports entries.
   wire::Msg tp = wire::Msg::object();

@@ -200,11 +200,9 @@ std::string Hixl::Impl::LocalEngine() const {
 Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& handle, uint32_t perms,
                                uint32_t flags) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
-  if (type == MemType::MEM_DEVICE) {
-    return Status::Unsupported(
-        "device memory needs a build with CUDA; this build has host memory only");
+  if (type != MemType::MEM_HOST && type != MemType::MEM_DEVICE) {
+    return Status::ParamInvalid("unknown memory type");
   }
-  if (type != MemType::MEM_HOST) return Status::ParamInvalid("unknown memory type");
   if (mem.addr == 0) return Status::ParamInvalid("RegisterMem: address is null");
   if (mem.len == 0) return Status::ParamInvalid("RegisterMem: length is 0");
   if ((perms & ~static_cast<uint32_t>(MEM_PERM_READ_WRITE)) != 0) {
@@ -216,6 +214,9 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
   if (mem.addr + mem.len < mem.addr) {
     return Status::ParamInvalid("RegisterMem: [addr, addr+len) wraps around");
   }
+  device::PtrInfo dev;
+  if (Status s = CheckMemType(mem, type, flags, dev); !s.ok()) return s;
+  if (type == MemType::MEM_DEVICE) return RegisterDevice(mem, perms, dev, handle);
   std::lock_guard<std::mutex> share_lock(share_mu_);
   if (auto same = regions_.FindByStart(mem.addr); same && same->len == mem.len && !same->retiring) {
     handle = same->id;  // registered already: the same handle, nothing moved again
@@ -257,8 +258,71 @@ Status Hixl::Impl::RegisterMem(const MemDesc& mem, MemType type, MemHandle& hand
   return Status::Ok();
 }
 
+Status Hixl::Impl::CheckMemType(const MemDesc& mem, MemType type, uint32_t flags,
+                                device::PtrInfo& dev) {
+  const std::string where = "RegisterMem: [" + std::to_string(mem.addr) + ", +" +
+                            std::to_string(mem.len) + ")";
+  if (type == MemType::MEM_HOST) {
+    // Only a process with a CUDA driver loaded can hold device memory; asking
+    // the driver costs nothing then, and a device pointer passed as host
+    // memory would otherwise reach memcpy and process_vm_*.
+    if (!device::DriverLoaded()) return Status::Ok();
+    device::PtrInfo info;
+    if (device::Query(mem.addr, info).ok() && info.device) {
+      return Status::ParamInvalid(where + " is CUDA device memory (device " +
+                                  std::to_string(info.ordinal) + "): register it as MEM_DEVICE");
+    }
+    return Status::Ok();
+  }
+  if (Status s = device::Available(); !s.ok()) {
+    return Status(s.code(), "RegisterMem: device memory: " + s.message());
+  }
+  if ((flags & REGISTER_SHARE_BY_MAPPING) != 0) {
+    return Status::ParamInvalid("RegisterMem: REGISTER_SHARE_BY_MAPPING is for host memory");
+  }
+  if (Status s = device::Query(mem.addr, dev); !s.ok()) {
+    return Status(s.code(), where + ": " + s.message());
+  }
+  if (!dev.device) {
+    return Status::ParamInvalid(where + " is host memory, not CUDA device memory: register it "
+                                "as MEM_HOST");
+  }
+  if (mem.addr < dev.base || mem.len > dev.size || mem.addr - dev.base > dev.size - mem.len) {
+    return Status::ParamInvalid(where + " runs past the end of its device allocation [" +
+                                std::to_string(dev.base) + ", +" + std::to_string(dev.size) +
+                                ")");
+  }
+  return Status::Ok();
+}
+
+Status Hixl::Impl::RegisterDevice(const MemDesc& mem, uint32_t perms, const device::PtrInfo& dev,
+                                  MemHandle& handle) {
+  if (auto same = regions_.FindByStart(mem.addr); same && same->len == mem.len && !same->retiring) {
+    handle = same->id;
+    return Status::Ok();
+  }
+  memory::LocalRegion r;
+  r.addr = mem.addr;
+  r.len = mem.len;
+  r.perms = perms;
+  r.type = MemType::MEM_DEVICE;
+  r.dev = dev;
+  uint64_t id = 0;
+  bool added = false;
+  if (Status s = regions_.Add(r, id, added); !s.ok()) return s;
+  if (added) {
+    r.id = id;
+    if (Status s = PrepareLocalRegion(r); !s.ok()) return s;
+    device_regions_.fetch_add(1, std::memory_order_acq_rel);
+    BroadcastRegionAdd({ToDesc(r)});
+  }
+  handle = id;
+  return Status::Ok();
+}
+
 control::RegionDesc Hixl::Impl::ToDesc(const memory::LocalRegion& r) const {
   control::RegionDesc d{r.id, r.addr, r.len, r.perms, r.share.fd >= 0};
+  d.device = r.type == MemType::MEM_DEVICE;
   for (const auto& t : transports_) {
     wire::Msg info;
     t->DescribeRegion(r, info);
@@ -298,6 +362,7 @@ Status Hixl::Impl::DeregisterMem(MemHandle handle) {
   if (!r) return Status::Ok();  // unknown, already removed or being removed: no-op
   RevokeFromPeers(handle);
   regions_.Remove(handle);
+  if (r->type == MemType::MEM_DEVICE) device_regions_.fetch_sub(1, std::memory_order_acq_rel);
   std::vector<std::string> dropped;
   const std::string exposed = StillReachable(*r, &dropped);
   for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
@@ -348,10 +413,11 @@ Status Hixl::Impl::AllocMem(size_t size, MemType type, void** ptr) {
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (ptr == nullptr) return Status::ParamInvalid("AllocMem: ptr is null");
   if (size == 0) return Status::ParamInvalid("AllocMem: size is 0");
-  if (type != MemType::MEM_HOST) {
-    return Status::Unsupported("AllocMem: device memory needs a build with CUDA");
+  if (type != MemType::MEM_HOST && type != MemType::MEM_DEVICE) {
+    return Status::ParamInvalid("AllocMem: unknown memory type");
   }
   if (size > (size_t{1} << 46)) return Status::ParamInvalid("AllocMem: size too large");
+  if (type == MemType::MEM_DEVICE) return AllocDevice(size, ptr);
   Alloc a;
   void* p = nullptr;
   for (auto& t : transports_) {
@@ -418,10 +484,21 @@ Status Hixl::Impl::FreeMem(void* ptr) {
   if (auto r = regions_.Retire(a.handle)) {  // as in DeregisterMem
     RevokeFromPeers(a.handle);
     regions_.Remove(a.handle);
+    if (a.device) device_regions_.fetch_sub(1, std::memory_order_acq_rel);
     exposed = StillReachable(*r, &dropped);
     for (auto& t : transports_) t->RevokeRegion(r->addr, r->len);
   }
   if (a.memfd >= 0) ::close(a.memfd);
+  if (!exposed.empty() && a.device) {
+    HIXL_LOG(WARN) << "FreeMem: " << JoinNames(dropped)
+                   << " lost the link without confirming that it stopped writing; copies already "
+                      "issued over "
+                   << exposed << " may still arrive, so its " << a.mapped_len
+                   << " bytes of device memory stay allocated until Finalize";
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    held_device_.push_back(ptr);
+    return Status::Ok();
+  }
   if (!exposed.empty() && a.by != nullptr) {
     // A transport's memory cannot be replaced in place: it stays as it is,
     // the transport's, until Finalize.
@@ -456,7 +533,36 @@ Status Hixl::Impl::FreeMem(void* ptr) {
   return Status::Ok();
 }
 
+Status Hixl::Impl::AllocDevice(size_t size, void** ptr) {
+  if (Status s = device::Available(); !s.ok()) {
+    return Status(s.code(), "AllocMem: device memory: " + s.message());
+  }
+  uintptr_t p = 0;
+  if (Status s = device::Alloc(size, p); !s.ok()) return Status(s.code(), "AllocMem: " + s.message());
+  Alloc a;
+  a.device = true;
+  a.mapped_len = size;
+  device::PtrInfo dev;
+  Status s = device::Query(p, dev);
+  if (s.ok() && !dev.device) s = Status::Failed("the driver does not know the memory it allocated");
+  if (s.ok()) s = RegisterDevice({p, size}, MEM_PERM_READ_WRITE, dev, a.handle);
+  if (!s.ok()) {
+    ReleaseAlloc(reinterpret_cast<void*>(p), a);
+    return Status(s.code(), "AllocMem: " + s.message());
+  }
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  allocs_[reinterpret_cast<void*>(p)] = a;
+  *ptr = reinterpret_cast<void*>(p);
+  return Status::Ok();
+}
+
 void Hixl::Impl::ReleaseAlloc(void* p, const Alloc& a) {
+  if (a.device) {
+    if (Status s = device::Free(reinterpret_cast<uintptr_t>(p)); !s.ok()) {
+      HIXL_LOG(WARN) << "freeing device memory from AllocMem: " << s.message();
+    }
+    return;
+  }
   if (a.by != nullptr) {
     a.by->FreeHost(p);
   } else {
@@ -476,6 +582,10 @@ Status Hixl::Impl::GetMemHandle(void* ptr, MemHandle& handle) const {
 void Hixl::Impl::FreeAllocs() {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   for (auto& [ptr, a] : allocs_) {
+    if (a.device) {
+      ReleaseAlloc(ptr, a);
+      continue;
+    }
     // A transport's memory went with the transport (Transport::Stop).
     if (a.by == nullptr) munmap(ptr, a.mapped_len);
     if (a.memfd >= 0) ::close(a.memfd);
@@ -483,6 +593,8 @@ void Hixl::Impl::FreeAllocs() {
   allocs_.clear();
   for (auto& [ptr, len] : quarantined_) munmap(ptr, len);
   quarantined_.clear();
+  for (void* p : held_device_) ReleaseAlloc(p, Alloc{.device = true});
+  held_device_.clear();
 }
 
 void Hixl::Impl::BroadcastRegionAdd(std::vector<control::RegionDesc> regions) {
@@ -614,7 +726,59 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
   if (Status s = peer->regions.Resolve(op, descs, slices, pins, hint); !s.ok()) {
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
+  if (Status s = CheckDevice(*peer, remote, slices); !s.ok()) {
+    memory::Unpin(pins);
+    slices.clear();
+    return s;
+  }
   active.n = nullptr;  // the caller's now
+  return Status::Ok();
+}
+
+Status Hixl::Impl::CheckDevice(const Peer& peer, const std::string& remote,
+                               std::vector<memory::Slice>& slices) const {
+  // Local device memory is looked for only while some is registered, or a
+  // CUDA driver is loaded (then unregistered device memory is refused
+  // before memcpy or process_vm_* would fault on it).
+  const bool registered = device_regions_.load(std::memory_order_acquire) > 0;
+  const bool driver = registered || device::DriverLoaded();
+  bool any = false;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    memory::Slice& s = slices[i];
+    auto where = [&] { return "transfer to " + remote + ": descriptor " + std::to_string(i); };
+    if (driver) {
+      auto r = registered ? regions_.FindContaining(s.local, s.len) : std::nullopt;
+      if (r && r->type == MemType::MEM_DEVICE) {
+        s.local_device = r->dev.ordinal;
+        any = true;
+      } else if (!r) {
+        auto o = registered ? regions_.FindOverlapping(s.local, s.len) : std::nullopt;
+        device::PtrInfo info;
+        if ((o && o->type == MemType::MEM_DEVICE) ||
+            (device::Query(s.local, info).ok() && info.device)) {
+          return Status::ParamInvalid(where() +
+                                      ": the local buffer is device memory that no MEM_DEVICE "
+                                      "registration of this engine wholly contains; register it "
+                                      "with RegisterMem(MEM_DEVICE)");
+        }
+      }
+    }
+    const memory::RemoteRegion& g = *s.region;
+    if (g.device) {
+      if (peer.channel->link_type() != LinkType::SHM || g.mapped == nullptr) {
+        return Status::Unsupported(
+            where() + ": region " + std::to_string(g.id) + " of the peer is device memory, which " +
+            "this link cannot reach" + (g.unreachable.empty() ? "" : " (" + g.unreachable + ")") +
+            "; device memory moves over shm links (one host) only in this version");
+      }
+      any = true;
+    }
+  }
+  if (any && peer.channel->link_type() != LinkType::SHM) {
+    return Status::Unsupported("transfer to " + remote +
+                               ": device memory moves over shm links (one host) only in this "
+                               "version; this link is not shm");
+  }
   return Status::Ok();
 }
 

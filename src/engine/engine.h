@@ -29,6 +29,7 @@
 #include "common/thread_pool.h"
 #include "common/wire.h"
 #include "control/protocol.h"
+#include "device/cuda.h"
 #include "engine/done_ids.h"
 #include "engine/naming.h"
 #include "engine/notify_inbox.h"
@@ -199,6 +200,7 @@ class Hixl::Impl {
     // engine's own mapping. A transport's memory goes with the transport
     // at Finalize, never by munmap.
     transport::Transport* by = nullptr;
+    bool device = false;  // CUDA device memory (device::Alloc)
   };
   // Gives back the memory of an allocation that never reached the application.
   static void ReleaseAlloc(void* p, const Alloc& a);
@@ -264,6 +266,17 @@ class Hixl::Impl {
   void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
   // r's entry for peers, with each transport's part (Transport::DescribeRegion).
   control::RegionDesc ToDesc(const memory::LocalRegion& r) const;
+  // RegisterMem's check that the memory is of the type it names; fills dev
+  // for device memory.
+  static Status CheckMemType(const MemDesc& mem, MemType type, uint32_t flags,
+                             device::PtrInfo& dev);
+  Status RegisterDevice(const MemDesc& mem, uint32_t perms, const device::PtrInfo& dev,
+                        MemHandle& handle);
+  Status AllocDevice(size_t size, void** ptr);
+  // After Resolve: marks the slices whose local side lies in registered
+  // device memory, and refuses device memory a link cannot move.
+  Status CheckDevice(const Peer& peer, const std::string& remote,
+                     std::vector<memory::Slice>& slices) const;
   // Lets every transport prepare a just-added region; on an error undoes it
   // (the region is removed again) and returns the error.
   Status PrepareLocalRegion(const memory::LocalRegion& r);
@@ -346,6 +359,12 @@ class Hixl::Impl {
   // FreeMem'd ranges that a dropped peer may still write (StillReachable):
   // fresh throwaway pages, unmapped by Finalize once the transports stopped.
   std::vector<std::pair<void*, size_t>> quarantined_;
+  // Device memory FreeMem could not release yet (a dropped peer may still
+  // copy into it): freed at Finalize.
+  std::vector<void*> held_device_;
+  // Registered device regions: transfers look their local side up only
+  // while there are any.
+  std::atomic<int> device_regions_{0};
   // Registered application memory local peers map (memory/user_share.h),
   // by handle. share_mu_ serializes RegisterMem/DeregisterMem of such
   // memory: a move of pages must not race another on the same pages.

@@ -157,12 +157,16 @@ void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionD
   for (const auto& d : regions) {
     if (peer.regions.Contains(d.id)) continue;
     auto r = std::make_shared<memory::RemoteRegion>(d.id, d.addr, d.len, d.perms, d.shareable);
+    r->device = d.device;
     const char* tname = peer.channel_transport;
     auto it = tname == nullptr ? d.tp.end() : d.tp.find(tname);
     if (Status s = peer.channel->PrepareRegion(*r, it == d.tp.end() ? nullptr : &*it); !s.ok()) {
       HIXL_LOG(WARN) << "region " << d.id << " of " << peer.name
                      << " is unusable: " << s.ToString();
-      continue;
+      if (!r->device) continue;
+      // Kept, unreachable, so that a transfer into it is told why.
+      r->unreachable = s.message();
+      r->mapped = nullptr;
     }
     peer.regions.Insert(std::move(r));
   }

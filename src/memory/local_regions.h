@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/cuda.h"
 #include "hixl/hixl.h"
 
 namespace hixl::memory {
@@ -35,6 +36,7 @@ struct LocalRegion {
   uint32_t perms = 0;
   MemType type = MemType::MEM_HOST;
   SharedPart share;          // how local peers may map it
+  device::PtrInfo dev;       // MEM_DEVICE: its device and allocation
   bool retiring = false;     // being deregistered: see LocalRegions::Retire
 };
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -48,6 +49,12 @@ struct RemoteRegion {
   // Set by a transport before the region is published: what it needs to reach
   // the region (UCX: the unpacked remote key), released with the region.
   std::shared_ptr<void> transport_state;
+  // The peer registered device memory (MEM_DEVICE). Only a transport that
+  // imported it (shm: `mapped` is then a device pointer of this process, on
+  // its device device_ordinal) moves its bytes; the engine refuses the rest.
+  bool device = false;
+  int device_ordinal = -1;
+  std::string unreachable;  // device memory this link cannot reach: why
 
   // Set when the peer removed the region (RemoteRegionTable::Remove).
   std::atomic<bool> revoked{false};
@@ -64,6 +71,9 @@ struct Slice {
   uintptr_t remote = 0;
   size_t len = 0;
   RemoteRegion* region = nullptr;  // kept alive by the transfer's pins
+  // The local side lies in device memory this engine registered: the device's
+  // ordinal (set by the engine after Resolve); -1 for host memory.
+  int local_device = -1;
 };
 
 class RemoteRegionTable {

@@ -21,6 +21,8 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/stream_copy.h"
+#include "device/cuda.h"
+#include "transport/shm/shm_device.h"
 
 namespace hixl::transport::shm {
 namespace {
@@ -139,6 +141,10 @@ class ShmTransport final : public Transport {
   void ForgetPeer(uint64_t conn_id) override {
     std::lock_guard<std::mutex> lock(mu_);
     std::erase_if(tokens_, [&](const auto& kv) { return kv.second.conn_id == conn_id; });
+  }
+
+  void DescribeRegion(const memory::LocalRegion& r, wire::Msg& info) const override {
+    if (r.type == MemType::MEM_DEVICE && !uds_name_.empty()) DescribeDeviceRegion(r, info);
   }
 
   bool LostPeerMayReach(const memory::LocalRegion& r, const LostPeer& peer) const override {
@@ -332,7 +338,8 @@ class ShmChannel final : public Channel {
         token_(token),
         keyed_(peer.link_key != nullptr),
         key_(peer.link_key ? *peer.link_key : auth::Key{}),
-        stream_min_(StreamCopyMin(ctx.Setting(options::kShmStreamCopyBytes))) {}
+        stream_min_(StreamCopyMin(ctx.Setting(options::kShmStreamCopyBytes))),
+        imports_(peer.engine) {}
 
   LinkType link_type() const override { return LinkType::SHM; }
 
@@ -401,6 +408,10 @@ class ShmChannel final : public Channel {
   }
   static void CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
                          uintptr_t remote, size_t len, bool stream);
+  // A piece where either side is device memory (local_device: the local
+  // side's device, or -1).
+  Status CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, int local_device,
+                        uintptr_t local, uintptr_t remote, size_t len) const;
   Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
                  size_t bytes) const;
   std::vector<Part> Split(const Transfer& t) const;
@@ -419,6 +430,7 @@ class ShmChannel final : public Channel {
   std::unique_ptr<NotifyRing> ring_;  // set in Connect, before the channel is shared
   std::atomic<bool> ring_broken_{false};
   size_t stream_min_;  // transfers of at least this many bytes stream past the cache
+  DeviceImports imports_;  // the peer's device memory opened here
 };
 
 Status ShmChannel::OpenRing(const std::string& uds, net::Deadline deadline) {
@@ -497,7 +509,8 @@ Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
   return Status::Ok();
 }
 
-Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg*) {
+Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) {
+  if (r.device) return imports_.Prepare(r, info);
   if (!r.shareable) return Status::Ok();
   wire::Msg req = wire::Msg::object();
   req["t"] = "getfd";
@@ -605,6 +618,51 @@ void ShmChannel::CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintpt
   }
 }
 
+Status ShmChannel::CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, int local_device,
+                                  uintptr_t local, uintptr_t remote, size_t len) const {
+  if (g.device) {
+    // Imported whole (DeviceImports::Prepare): remote lies in the mapping.
+    if (g.mapped == nullptr) {
+      return Status::Unsupported("region " + std::to_string(g.id) + " of " + engine_ +
+                                 " is device memory this process could not open");
+    }
+    return CopyDevice(op, local, g.mapped + (remote - g.map_lo), len, g.device_ordinal);
+  }
+  // Local device memory; the peer's host memory mapped here where it is,
+  // else reached by cross-memory attach through a host buffer.
+  const uintptr_t b = remote + len;
+  const uintptr_t m0 = g.mapped ? std::min(std::max(g.map_lo, remote), b) : b;
+  const uintptr_t m1 = g.mapped ? std::max(std::min(g.map_hi, b), m0) : b;
+  auto staged = [&](uintptr_t from, uintptr_t to) -> Status {
+    char* buf = StagingBuffer();
+    for (uintptr_t x = from; x < to;) {
+      const size_t n = std::min<size_t>(to - x, kStageBytes);
+      void* dev = reinterpret_cast<void*>(local + (x - remote));
+      iovec l{buf, n};
+      iovec r{reinterpret_cast<void*>(x), n};
+      if (op == TransferOp::WRITE) {
+        if (Status s = device::Copy(buf, dev, n, local_device); !s.ok()) return s;
+        if (Status s = CopyCma(op, &l, &r, 1, n); !s.ok()) return s;
+      } else {
+        if (Status s = CopyCma(op, &l, &r, 1, n); !s.ok()) return s;
+        if (Status s = device::Copy(dev, buf, n, local_device); !s.ok()) return s;
+      }
+      x += n;
+    }
+    return Status::Ok();
+  };
+  if (m0 > remote) {
+    if (Status s = staged(remote, m0); !s.ok()) return s;
+  }
+  if (m1 > m0) {
+    Status s = CopyDevice(op, local + (m0 - remote), g.mapped + (m0 - g.map_lo), m1 - m0,
+                          local_device);
+    if (!s.ok()) return s;
+  }
+  if (b > m1) return staged(m1, b);
+  return Status::Ok();
+}
+
 Status ShmChannel::CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
                            size_t bytes) const {
   if (!cma_ok_) return Status::Unsupported(cma_error_);
@@ -673,7 +731,10 @@ Status ShmChannel::RunPart(TransferOp op, const memory::Slice* slices, const Par
         since_check = 0;
       }
       const uintptr_t a = s.remote + off, b = a + len, local = s.local + off;
-      if (g.mapped == nullptr) {
+      if (g.device || s.local_device >= 0) {
+        if (Status st = flush(); !st.ok()) return st;  // keep the descriptors' order
+        if (Status st = CopyWithDevice(op, g, s.local_device, local, a, len); !st.ok()) return st;
+      } else if (g.mapped == nullptr) {
         if (Status st = cma(local, a, len); !st.ok()) return st;
       } else {
         // The mapped part [m0, m1) is a memory copy; bytes of the region

@@ -82,6 +82,9 @@ RequestVerdict CheckRequestHeader(const ReqHdr& h, const memory::LocalRegions& r
   }
   std::optional<memory::LocalRegion> region = regions.FindContaining(h.addr, h.len);
   if (!region) return {kBadRange, "request outside every registered region"};
+  // Device memory is never touched by this transport's CPU copies (a peer
+  // that asks anyway gets a refusal, not a fault).
+  if (region->type != MemType::MEM_HOST) return {kDenied, "request against device memory"};
   if ((region->perms & (h.op == kOpWrite ? MEM_PERM_WRITE : MEM_PERM_READ)) == 0) {
     return {kDenied, "request against the region's permission"};
   }

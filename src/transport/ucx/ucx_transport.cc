@@ -129,6 +129,9 @@ class UcxTransport : public Transport {
   }
 
   Status AddRegion(const memory::LocalRegion& r) override {
+    // Debian's UCX has no CUDA support: device memory is not mapped (peers
+    // get no remote key for it, and the engine refuses it over UCX links).
+    if (r.type != MemType::MEM_HOST) return Status::Ok();
     {
       // Memory UCX allocated is mapped already, with remote access both
       // ways (AllocMem memory is always READ_WRITE).

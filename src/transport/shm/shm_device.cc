@@ -1,0 +1,106 @@
+#include "transport/shm/shm_device.h"
+
+#include <memory>
+
+#include "auth/auth.h"
+#include "common/log.h"
+#include "device/cuda.h"
+
+namespace hixl::transport::shm {
+
+void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info) {
+  std::string handle;
+  if (Status s = device::IpcExport(r.dev.base, r.dev.ordinal, handle); !s.ok()) {
+    HIXL_LOG(WARN) << "shm: no IPC handle for device region " << r.id
+                   << "; local peers cannot reach it: " << s.message();
+    return;
+  }
+  info = wire::Msg::object();
+  info["ipc"] = auth::Hex(reinterpret_cast<const uint8_t*>(handle.data()), handle.size());
+  info["uuid"] = auth::Hex(r.dev.uuid.data(), r.dev.uuid.size());
+  info["off"] = static_cast<uint64_t>(r.addr - r.dev.base);
+  info["size"] = static_cast<uint64_t>(r.dev.size);
+  info["buf"] = r.dev.buffer_id;
+}
+
+struct DeviceImports::Import {
+  uintptr_t base = 0;
+  int ordinal = -1;
+  size_t size = 0;
+  ~Import() {
+    if (base == 0) return;
+    if (Status s = device::IpcClose(base, ordinal); !s.ok()) {
+      HIXL_LOG(WARN) << "shm: closing a peer's device memory: " << s.message();
+    }
+  }
+};
+
+Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info) {
+  const std::string what = "shm: device region " + std::to_string(r.id) + " of " + peer_;
+  if (info == nullptr || !info->is_object()) {
+    return Status::Unsupported(what + " came without an IPC handle (the peer's driver gave none)");
+  }
+  std::string ipc_hex, uuid_hex;
+  uint64_t off = 0, size = 0, buf = 0;
+  std::string handle(64, '\0');
+  device::Uuid uuid{};
+  if (!wire::GetStr(*info, "ipc", ipc_hex, 2 * handle.size()) ||
+      !wire::GetStr(*info, "uuid", uuid_hex, 2 * uuid.size()) || !wire::GetU64(*info, "off", off) ||
+      !wire::GetU64(*info, "size", size) || !wire::GetU64(*info, "buf", buf) ||
+      !auth::FromHex(ipc_hex, reinterpret_cast<uint8_t*>(handle.data()), handle.size()) ||
+      !auth::FromHex(uuid_hex, uuid.data(), uuid.size())) {
+    return Status::Failed(what + ": malformed device entry");
+  }
+  if (size == 0 || off > size || r.len > size - off) {
+    return Status::Failed(what + ": the peer described a region outside its allocation");
+  }
+  std::shared_ptr<Import> imp;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(by_buffer_, [](const auto& kv) { return kv.second.expired(); });
+    if (auto it = by_buffer_.find(buf); it != by_buffer_.end()) imp = it->second.lock();
+    if (imp && imp->size != size) {
+      return Status::Failed(what + ": the peer named a buffer it described before with another "
+                            "size");
+    }
+    if (!imp) {
+      auto fresh = std::make_shared<Import>();
+      if (Status s = device::IpcOpen(handle, uuid, fresh->base, fresh->ordinal); !s.ok()) {
+        fresh->base = 0;  // nothing to close
+        return Status(s.code(), what + ": " + s.message());
+      }
+      // What the driver mapped must hold what the peer described: never
+      // trust its sizes for bounds.
+      device::PtrInfo got;
+      Status q = device::Query(fresh->base, got);
+      if (!q.ok() || !got.device || got.base != fresh->base || got.size < size) {
+        fresh.reset();  // closes it
+        return Status::Failed(what + ": the opened allocation is smaller than the peer said");
+      }
+      fresh->size = static_cast<size_t>(size);
+      by_buffer_[buf] = fresh;
+      imp = std::move(fresh);
+    }
+  }
+  r.mapped = reinterpret_cast<char*>(imp->base + off);
+  r.map_lo = r.addr;
+  r.map_hi = r.addr + r.len;
+  r.device_ordinal = imp->ordinal;
+  r.transport_state = std::move(imp);
+  return Status::Ok();
+}
+
+Status CopyDevice(TransferOp op, uintptr_t local, char* mapped, size_t len, int ordinal) {
+  char* mine = reinterpret_cast<char*>(local);
+  char* to = op == TransferOp::WRITE ? mapped : mine;
+  const char* from = op == TransferOp::WRITE ? mine : mapped;
+  return device::Copy(to, from, len, ordinal);
+}
+
+char* StagingBuffer() {
+  thread_local std::unique_ptr<char[]> buf;
+  if (!buf) buf = std::make_unique<char[]>(kStageBytes);
+  return buf.get();
+}
+
+}  // namespace hixl::transport::shm

@@ -1,0 +1,189 @@
+// State shared by the two halves of the fake CUDA driver: fake_cuda.cc
+// (devices, contexts, memory, IPC, cuGetProcAddress) and fake_cuda_streams.cc
+// (streams, events, copies). Nothing here is exported from the library.
+#ifndef HIXL_TESTS_FAKE_CUDA_FAKE_CUDA_INTERNAL_H_
+#define HIXL_TESTS_FAKE_CUDA_FAKE_CUDA_INTERNAL_H_
+
+#include <cuda.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#define FAKE_CUDA_TRY(expr)                    \
+  do {                                         \
+    const CUresult fake_cuda_result_ = (expr); \
+    if (fake_cuda_result_ != CUDA_SUCCESS) {   \
+      return fake_cuda_result_;                \
+    }                                          \
+  } while (0)
+
+namespace hixl_fake_cuda {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kPageSize = 4096;
+
+// The process that called cuInit (0: none yet). Calls from any other process,
+// that is from a child forked after cuInit, fail without touching a lock.
+extern std::atomic<pid_t> g_init_pid;
+// Set when the library is unloaded or the process exits.
+extern std::atomic<bool> g_shut_down;
+extern std::atomic<unsigned> g_copy_delay_us;
+// Copies that may still succeed; -1: unlimited.
+extern std::atomic<long long> g_copy_budget;
+extern std::atomic<long long> g_copies;
+extern std::atomic<long long> g_bytes_copied;
+
+// A device's primary context; its address is the CUcontext handle.
+struct Context {
+  int ordinal = 0;
+  std::atomic<int> refs{0};
+};
+
+// The calling thread's current context (cuCtxSetCurrent).
+extern thread_local Context* t_current;
+
+inline CUcontext ToHandle(Context* c) { return reinterpret_cast<CUcontext>(c); }
+
+// A device allocation of this process, or a peer's allocation mapped here
+// through an IPC handle.
+struct DevMapping {
+  uintptr_t base = 0;                // the PROT_NONE mapping: the device pointer
+  size_t size = 0;                   // the bytes asked for
+  size_t mapped = 0;                 // size rounded up to whole pages
+  char* alias = nullptr;             // the same pages, read-write, for copies only
+  int fd = -1;                       // allocations: the memfd, open for IPC peers until freed
+  unsigned long long buffer_id = 0;  // allocations: also the memfd's serial
+  int ordinal = 0;
+  bool ipc = false;
+  std::pair<pid_t, unsigned long long> owner{0, 0};  // IPC: pid and serial
+  int ipc_refs = 0;                                  // IPC: opens not yet closed
+
+  DevMapping() = default;
+  DevMapping(const DevMapping&) = delete;
+  DevMapping& operator=(const DevMapping&) = delete;
+  // Runs once the memory is freed and no queued copy holds it any more, so a
+  // copy in flight never touches unmapped pages.
+  ~DevMapping() {
+    if (alias != nullptr) munmap(alias, mapped);
+    if (base != 0) munmap(reinterpret_cast<void*>(base), mapped);
+  }
+};
+
+// Pinned host memory: from cuMemHostAlloc (mapped != 0, the bytes to unmap)
+// or cuMemHostRegister (mapped == 0).
+struct HostRange {
+  size_t size = 0;
+  size_t mapped = 0;
+  int ordinal = 0;
+  unsigned long long buffer_id = 0;
+};
+
+// Guarded by State::event_mu. Each record bumps `recorded`; the stream that
+// runs it raises `completed` to that number, so the event is done when the
+// two are equal, and carries the error of its latest completed record.
+struct Event {
+  uint64_t recorded = 0;
+  uint64_t completed = 0;
+  CUresult error = CUDA_SUCCESS;
+};
+
+// Lets cuMemcpy wait for its own copy.
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  CUresult result = CUDA_SUCCESS;
+};
+
+// One piece of work on a stream.
+struct Op {
+  enum class Kind { kCopy, kRecord, kWait };
+  Kind kind = Kind::kCopy;
+  uint64_t seq = 0;  // position in the stream, from 1
+  // kCopy: host addresses, or aliases of device memory kept mapped by keep_*.
+  char* dst = nullptr;
+  const char* src = nullptr;
+  size_t n = 0;
+  std::shared_ptr<DevMapping> keep_dst, keep_src;
+  std::shared_ptr<Completion> completion;  // cuMemcpy: reports to its caller only
+  // kRecord: the record number it completes; kWait: the one it waits for.
+  std::shared_ptr<Event> event;
+  uint64_t gen = 0;
+};
+
+struct Stream {
+  std::mutex mu;               // guards everything below but `worker`
+  std::condition_variable cv;  // new work, a finished op, or stopping
+  std::deque<Op> queue;
+  uint64_t enqueued = 0;   // seq of the last op queued
+  uint64_t completed = 0;  // seq of the last op finished
+  // The first failure since the last cuStreamSynchronize, and its op.
+  CUresult error = CUDA_SUCCESS;
+  uint64_t error_seq = 0;
+  bool stopping = false;
+  std::thread worker;  // started and joined by one thread each
+};
+
+struct State {
+  std::mutex mu;  // guards all below but the contexts' refcounts and events
+  // Fixed by cuInit before g_init_pid is published; read-only afterwards.
+  int device_count = 0;
+  int physical[kMaxDevices] = {};  // ordinal -> physical device
+  Context contexts[kMaxDevices];
+  unsigned long long next_serial = 1;  // buffer ids and memfd names, never reused
+  std::map<uintptr_t, std::shared_ptr<DevMapping>> device;  // by base
+  std::map<std::pair<pid_t, unsigned long long>, uintptr_t> ipc_by_owner;
+  std::map<uintptr_t, HostRange> host;  // by start
+  std::map<const Stream*, std::shared_ptr<Stream>> streams;
+  std::shared_ptr<Stream> default_stream;  // started on first use
+  std::map<const Event*, std::shared_ptr<Event>> events;
+
+  // One lock and condition for all events: streams wait on each other's.
+  // Lock order: a Stream's mu, then event_mu.
+  std::mutex event_mu;
+  std::condition_variable event_cv;
+};
+
+State& GetState();
+
+// CUDA_SUCCESS after cuInit in this process, else why not.
+CUresult CheckInit();
+// CheckInit, and a live context current on the calling thread.
+CUresult CheckContext();
+
+// One side of a copy: device memory becomes its alias (kept mapped through
+// *keep), anything else is host memory. [p, p + n) must lie inside one
+// allocation or outside all of them. Called with s.mu held.
+CUresult ResolveCopySide(State& s, CUdeviceptr p, size_t n, char** out,
+                         std::shared_ptr<DevMapping>* keep);
+
+// Stopping a stream: RequestStop lets its queue drain, JoinWorker waits.
+void RequestStop(Stream& stream);
+void JoinWorker(Stream& stream);
+
+// Entry points of fake_cuda_streams.cc.
+CUresult Memcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+CUresult MemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+CUresult StreamCreate(CUstream* stream, unsigned int flags);
+CUresult StreamDestroy(CUstream stream);
+CUresult StreamSynchronize(CUstream stream);
+CUresult StreamWaitEvent(CUstream stream, CUevent event, unsigned int flags);
+CUresult EventCreate(CUevent* event, unsigned int flags);
+CUresult EventRecord(CUevent event, CUstream stream);
+CUresult EventQuery(CUevent event);
+CUresult EventSynchronize(CUevent event);
+CUresult EventDestroy(CUevent event);
+
+}  // namespace hixl_fake_cuda
+
+#endif  // HIXL_TESTS_FAKE_CUDA_FAKE_CUDA_INTERNAL_H_
