@@ -13,6 +13,11 @@
 //                              [OFF, OFF+SIZE) registered MEM_DEVICE -> OK <addr>
 //                              (fill, fillpat and hash reach device regions
 //                              through the driver)
+//   devdelay US                the fake driver (tests/fake_cuda) sleeps US
+//                              microseconds before each copy
+//   devfail N                  the fake driver (tests/fake_cuda) lets the
+//                              next N copies succeed and fails every later
+//                              one; N < 0: none fails
 //   reg NAME SIZE PERMS        allocate SIZE + 2*4096 guard bytes (0xCD) as
 //                              plain anonymous memory (mmap, zero-filled; not
 //                              engine memory), register the middle SIZE bytes,
@@ -309,6 +314,24 @@ class Peer {
         return Reply("ERR GetMemHandle after AllocMem: " + hs.ToString()), true;
       regions[name] = r;
       return Reply("OK " + std::to_string(reinterpret_cast<uintptr_t>(p))), true;
+    }
+    if (cmd == "devdelay") {  // devdelay US: the fake driver's streams sleep US before each copy
+      unsigned us = 0;
+      if (!(in >> us)) return Reply("ERR usage"), true;
+      auto& cuda = hixl_test::TestCuda::Get();
+      void* f = cuda.ok() ? cuda.Symbol("hixl_fake_cuda_set_copy_delay_us") : nullptr;
+      if (f == nullptr) return Reply("ERR not the fake driver"), true;
+      reinterpret_cast<void (*)(unsigned)>(f)(us);
+      return Reply("OK"), true;
+    }
+    if (cmd == "devfail") {  // devfail N: the fake driver's next N copies succeed, later ones fail
+      long long n = 0;
+      if (!(in >> n)) return Reply("ERR usage"), true;
+      auto& cuda = hixl_test::TestCuda::Get();
+      void* f = cuda.ok() ? cuda.Symbol("hixl_fake_cuda_fail_copies_after") : nullptr;
+      if (f == nullptr) return Reply("ERR not the fake driver"), true;
+      reinterpret_cast<void (*)(long long)>(f)(n);
+      return Reply("OK"), true;
     }
     if (cmd == "devreg") {  // devreg NAME TOTAL OFFSET SIZE [perms]: part of a device allocation
       std::string name, perm_s = "rw";

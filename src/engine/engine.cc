@@ -765,19 +765,23 @@ Status Hixl::Impl::CheckDevice(const Peer& peer, const std::string& remote,
     }
     const memory::RemoteRegion& g = *s.region;
     if (g.device) {
-      if (peer.channel->link_type() != LinkType::SHM || g.mapped == nullptr) {
+      const LinkType link = peer.channel->link_type();
+      if ((link != LinkType::SHM && link != LinkType::TCP) ||
+          (link == LinkType::SHM && g.mapped == nullptr)) {
         return Status::Unsupported(
             where() + ": region " + std::to_string(g.id) + " of the peer is device memory, which " +
             "this link cannot reach" + (g.unreachable.empty() ? "" : " (" + g.unreachable + ")") +
-            "; device memory moves over shm links (one host) only in this version");
+            "; device memory moves over shm and tcp links in this version");
       }
       any = true;
     }
   }
-  if (any && peer.channel->link_type() != LinkType::SHM) {
+  const LinkType link = peer.channel->link_type();
+  if (any && link != LinkType::SHM && link != LinkType::TCP) {
     return Status::Unsupported("transfer to " + remote +
-                               ": device memory moves over shm links (one host) only in this "
-                               "version; this link is not shm");
+                               ": device memory moves over shm and tcp links in this version; "
+                               "this link is " +
+                               LinkTypeName(link));
   }
   return Status::Ok();
 }

@@ -49,9 +49,10 @@ struct RemoteRegion {
   // Set by a transport before the region is published: what it needs to reach
   // the region (UCX: the unpacked remote key), released with the region.
   std::shared_ptr<void> transport_state;
-  // The peer registered device memory (MEM_DEVICE). Only a transport that
-  // imported it (shm: `mapped` is then a device pointer of this process, on
-  // its device device_ordinal) moves its bytes; the engine refuses the rest.
+  // The peer registered device memory (MEM_DEVICE). shm moves its bytes
+  // once it imported it (`mapped` is then a device pointer of this process,
+  // on its device device_ordinal); tcp lets the target stage them; the
+  // engine refuses the other links.
   bool device = false;
   int device_ordinal = -1;
   std::string unreachable;  // device memory this link cannot reach: why

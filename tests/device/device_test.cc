@@ -14,96 +14,21 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <map>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "device/device_common.h"
 #include "device/test_cuda.h"
 #include "hixl/hixl.h"
 #include "peer_process.h"
 
 namespace {
 
-using hixl::MemType;
-using hixl::StatusCode;
-using hixl::TransferOp;
-using hixl_test::PeerLaunch;
-using hixl_test::PeerProcess;
-using hixl_test::TestCuda;
-
-std::string Hash(const void* p, size_t n) {
-  return hixl_test::HashHex(hixl_test::Fnv1a64(p, n));
-}
-std::string PatternHash(size_t n, uint64_t seed) {
-  std::vector<unsigned char> v(n);
-  hixl_test::FillPattern(v.data(), n, seed);
-  return Hash(v.data(), n);
-}
-// Device memory's bytes, read through the tests' own driver client.
-std::string DevHash(uintptr_t p, size_t n) {
-  std::vector<unsigned char> v(n);
-  if (!TestCuda::Get().Copy(v.data(), reinterpret_cast<void*>(p), n)) return "copy failed";
-  return Hash(v.data(), n);
-}
-bool DevFillPattern(uintptr_t p, size_t n, uint64_t seed) {
-  std::vector<unsigned char> v(n);
-  hixl_test::FillPattern(v.data(), n, seed);
-  return TestCuda::Get().Copy(reinterpret_cast<void*>(p), v.data(), n);
-}
-uintptr_t Num(const std::string& reply) {
-  return static_cast<uintptr_t>(std::stoull(hixl_test::OkValue(reply)));
-}
-
-// HIXL_TEST_REAL_CUDA=1 (scripts/gpu-check.sh): the real driver instead of
-// the fake one; cases that need the fake's controls skip.
-bool RealDriver() { return std::getenv("HIXL_TEST_REAL_CUDA") != nullptr; }
-#define SKIP_ON_REAL_DRIVER() \
-  if (RealDriver()) GTEST_SKIP() << "needs the fake driver's controls"
-
-template <typename T>
-T Control(const char* name) {
-  return reinterpret_cast<T>(TestCuda::Get().Symbol(name));
-}
-int LiveIpcMappings() { return Control<int (*)()>("hixl_fake_cuda_live_ipc_mappings")(); }
-int LiveAllocs() { return Control<int (*)()>("hixl_fake_cuda_live_allocs")(); }
-void FailCopiesAfter(long long n) {
-  Control<void (*)(long long)>("hixl_fake_cuda_fail_copies_after")(n);
-}
-
-// Waits (bounded) until pred holds.
-template <typename P>
-bool Eventually(P pred, int ms = 5000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
-class DeviceShm : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(TestCuda::Get().ok()) << TestCuda::Get().error();
-    ASSERT_TRUE(peer_.Start());
-  }
-  // Regions the peer registers before the link are in its welcome; later
-  // ones reach this engine asynchronously. Tests make them first.
-  void Link(const std::string& type, std::map<std::string, std::string> opts = {}) {
-    opts[hixl::options::kLinkType] = type;
-    HIXL_ASSERT_OK(e_.Initialize("127.0.0.1", opts));
-    HIXL_ASSERT_OK(e_.Connect(peer_.engine(), 5000));
-  }
-  hixl::Status Move(TransferOp op, std::vector<hixl::TransferOpDesc> d) {
-    return e_.TransferSync(peer_.engine(), op, d, 10000);
-  }
-
-  PeerProcess peer_;
-  hixl::Hixl e_;
-};
+using namespace hixl_device_test;  // NOLINT: the shared helpers
 
 TEST_F(DeviceShm, HostToPeerDeviceAndBack) {
   const size_t n = (1u << 20) + 13;
@@ -243,25 +168,6 @@ TEST_F(DeviceShm, WrongMemoryTypesAreRefused) {
   EXPECT_EQ(s.code(), StatusCode::kParamInvalid) << s.ToString();
   EXPECT_EQ(peer_.Hash("r", 0, 4096), before);
   EXPECT_TRUE(TestCuda::Get().Free(base));
-}
-
-TEST_F(DeviceShm, TcpLinkRefusesDeviceMemoryAndStillMovesHostMemory) {
-  const uintptr_t d = Num(peer_.Send("devalloc d 4096"));
-  const uintptr_t r = Num(peer_.Send("reg r 4096"));
-  Link("TCP");
-  ASSERT_TRUE(peer_.Ok("fill d 0x11"));
-  std::vector<unsigned char> host(4096, 0x77);
-  const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
-  hixl::Status s = Move(TransferOp::WRITE, {{h, d, 4096}});
-  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
-  void* mine = nullptr;
-  HIXL_ASSERT_OK(e_.AllocMem(4096, MemType::MEM_DEVICE, &mine));
-  s = Move(TransferOp::WRITE, {{reinterpret_cast<uintptr_t>(mine), r, 4096}});
-  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
-  std::vector<unsigned char> ones(4096, 0x11);
-  EXPECT_EQ(peer_.Hash("d", 0, 4096), Hash(ones.data(), 4096));
-  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, r, 4096}}));
-  EXPECT_EQ(peer_.Hash("r", 0, 4096), Hash(host.data(), 4096));
 }
 
 TEST_F(DeviceShm, FailedDeviceCopyEndsFailedThenTransfersGoOn) {

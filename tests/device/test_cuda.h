@@ -1,100 +1,15 @@
 // tests/device/test_cuda.h — the tests' own access to the CUDA driver that
-// HIXL_CUDA_DRIVER names (the fake driver of tests/fake_cuda in CI): fill and
-// read device memory, allocate it outside hixl, and reach the fake driver's
-// control functions. Independent of hixl's device layer on purpose: the tests
-// check hixl's copies with a driver client of their own.
-//
-// Declares the few driver signatures it uses itself (no CUDA headers needed).
-// Thread safety: Get() is thread-safe; every call makes device 0's primary
-// context current on the calling thread first.
+// HIXL_CUDA_DRIVER names (the fake driver of tests/fake_cuda in CI):
+// src/device/driver_client.h, a client independent of hixl's device layer,
+// so that the tests check hixl's copies through a path of their own.
 #ifndef HIXL_TESTS_DEVICE_TEST_CUDA_H_
 #define HIXL_TESTS_DEVICE_TEST_CUDA_H_
 
-#include <dlfcn.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <string>
-#include <type_traits>
+#include "device/driver_client.h"
 
 namespace hixl_test {
 
-class TestCuda {
- public:
-  // The driver HIXL_CUDA_DRIVER names, loaded and initialized once.
-  static TestCuda& Get() {
-    static TestCuda* c = new TestCuda;
-    return *c;
-  }
-  bool ok() const { return ok_; }
-  const std::string& error() const { return error_; }
-
-  bool Copy(void* dst, const void* src, size_t n) {
-    return Current() && memcpy_(reinterpret_cast<uintptr_t>(dst),
-                                reinterpret_cast<uintptr_t>(src), n) == 0;
-  }
-  uintptr_t Alloc(size_t n) {
-    unsigned long long p = 0;
-    if (!Current() || alloc_(&p, n) != 0) return 0;
-    return static_cast<uintptr_t>(p);
-  }
-  bool Free(uintptr_t p) { return Current() && free_(p) == 0; }
-  // A function the library exports by name (the fake driver's controls).
-  void* Symbol(const char* name) const { return lib_ ? dlsym(lib_, name) : nullptr; }
-
- private:
-  using GetProc = int (*)(const char*, void**, int, unsigned long long, int*);
-  TestCuda() {
-    const char* path = std::getenv("HIXL_CUDA_DRIVER");
-    if (path == nullptr || *path == '\0') {
-      error_ = "HIXL_CUDA_DRIVER is not set";
-      return;
-    }
-    lib_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (lib_ == nullptr) {
-      error_ = std::string("cannot load ") + path;
-      return;
-    }
-    auto gpa = reinterpret_cast<GetProc>(dlsym(lib_, "cuGetProcAddress_v2"));
-    if (gpa == nullptr) {
-      error_ = "no cuGetProcAddress_v2";
-      return;
-    }
-    auto get = [&](const char* name, auto& fn) {
-      void* p = nullptr;
-      int found = 0;
-      if (gpa(name, &p, 12000, 0, &found) != 0 || p == nullptr) return false;
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
-      return true;
-    };
-    if (!get("cuInit", init_) || !get("cuDeviceGet", device_get_) ||
-        !get("cuDevicePrimaryCtxRetain", retain_) || !get("cuCtxSetCurrent", set_current_) ||
-        !get("cuMemcpy", memcpy_) || !get("cuMemAlloc", alloc_) || !get("cuMemFree", free_)) {
-      error_ = "the driver lacks an entry point the tests use";
-      return;
-    }
-    int dev = 0;
-    if (init_(0) != 0 || device_get_(&dev, 0) != 0 || retain_(&ctx_, dev) != 0) {
-      error_ = "the driver has no usable device";
-      return;
-    }
-    ok_ = true;
-  }
-  bool Current() { return ok_ && set_current_(ctx_) == 0; }
-
-  void* lib_ = nullptr;
-  bool ok_ = false;
-  std::string error_;
-  void* ctx_ = nullptr;
-  int (*init_)(unsigned) = nullptr;
-  int (*device_get_)(int*, int) = nullptr;
-  int (*retain_)(void**, int) = nullptr;
-  int (*set_current_)(void*) = nullptr;
-  int (*memcpy_)(unsigned long long, unsigned long long, size_t) = nullptr;
-  int (*alloc_)(unsigned long long*, size_t) = nullptr;
-  int (*free_)(unsigned long long) = nullptr;
-};
+using TestCuda = hixl::device::DriverClient;
 
 }  // namespace hixl_test
 

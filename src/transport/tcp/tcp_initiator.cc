@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/cpu_relax.h"
+#include "device/cuda.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace hixl::transport::tcp {
@@ -64,10 +65,14 @@ void ClientLane::FlushLocked(Completions& done) {
       done.emplace_back(std::move(sendq_.front().t), std::move(why));
       sendq_.pop_front();
     }
+    if (sendq_.empty()) break;
+    if (!StageFront(done)) continue;
     iovec iov[kMaxIov];
     size_t n = 0;
     for (auto it = sendq_.begin(); it != sendq_.end() && n + 2 <= kMaxIov; ++it) {
       bool write = it->hdr.op == kOpWrite;
+      // A device WRITE goes out once it is first (its bytes staged then).
+      if (write && it->device >= 0 && !it->staged) break;
       if (it->off < sizeof(ReqHdr)) {
         iov[n++] = {reinterpret_cast<char*>(&it->hdr) + it->off, sizeof(ReqHdr) - it->off};
         if (write) iov[n++] = {it->local, it->len};
@@ -118,6 +123,24 @@ void ClientLane::FlushLocked(Completions& done) {
     }
   }
   SetEventsLocked(ReadEventsLocked());
+}
+
+bool ClientLane::StageFront(Completions& done) {
+  Piece& p = sendq_.front();
+  if (p.hdr.op != kOpWrite || p.device < 0 || p.staged) return true;
+  // The piece before it has been handed to the socket whole: its bytes
+  // travel while this one is copied out of the device.
+  if (wstage_.size() < p.len) wstage_.resize(p.len);
+  Status s = device::Copy(wstage_.data(), p.local, p.len, p.device);
+  if (!s.ok()) {
+    done.emplace_back(std::move(p.t),
+                      Status::Failed("reading local device memory to send it: " + s.message()));
+    sendq_.pop_front();
+    return false;
+  }
+  p.local = wstage_.data();
+  p.staged = true;
+  return true;
 }
 
 void ClientLane::Fail(const Status& why) {
@@ -266,18 +289,40 @@ bool ClientLane::ReadResponses(Completions& done) {
       if (rdst_ == nullptr) {  // detached: the caller's buffer is not touched
         if (sink_.empty()) sink_.resize(kStaging);
         r = in_.Payload(fd_.get(), sink_.data(), std::min(rleft_, sink_.size()));
+      } else if (rdev_ != nullptr) {  // device memory: through the staging buffer
+        r = in_.Payload(fd_.get(), rstage_.data() + rstaged_,
+                        std::min(rleft_, rstage_.size() - rstaged_));
       } else {
         [[maybe_unused]] PayloadAccess quiet;
         r = in_.Payload(fd_.get(), rdst_, rleft_);
       }
       if (r == -1) return true;
       if (r <= 0) return false;
-      if (rdst_ != nullptr) rdst_ += r;
       rleft_ -= static_cast<size_t>(r);
       moved += static_cast<size_t>(r);
+      if (rdst_ != nullptr && rdev_ != nullptr) {
+        rstaged_ += static_cast<size_t>(r);
+        if (rstaged_ == rstage_.size() || rleft_ == 0) {
+          // Detaching takes read_mu_, held here: a piece still attached now
+          // ends only after this copy, so a stopped transfer sees no late
+          // write.
+          if (rdev_err_.ok()) {
+            if (Status s = device::Copy(rdev_, rstage_.data(), rstaged_, rdev_ord_); !s.ok()) {
+              rdev_err_ =
+                  Status::Failed("writing the reply to local device memory: " + s.message());
+            }
+          }
+          rdev_ += rstaged_;
+          rstaged_ = 0;
+        }
+      } else if (rdst_ != nullptr) {
+        rdst_ += r;
+      }
       if (rleft_ == 0) {
+        Status end = rdev_ != nullptr ? rdev_err_ : Status::Ok();
+        rdev_ = nullptr;
         std::lock_guard<std::mutex> lock(mu_);
-        if (inflight_.front().t) done.emplace_back(std::move(inflight_.front().t), Status::Ok());
+        if (inflight_.front().t) done.emplace_back(std::move(inflight_.front().t), std::move(end));
         inflight_.pop_front();
       }
       continue;
@@ -301,12 +346,17 @@ bool ClientLane::ReadResponses(Completions& done) {
     Piece& p = inflight_.front();
     if (h.status != kOk) {
       if (p.t) {
-        done.emplace_back(std::move(p.t),
-                          Status::ParamInvalid(std::string("target ") + engine_ +
-                                               " refused a slice: " + StatusText(h.status)));
+        const std::string what =
+            std::string("target ") + engine_ +
+            (h.status == kCopyFailed ? " could not move a slice: " : " refused a slice: ") +
+            StatusText(h.status);
+        done.emplace_back(std::move(p.t), h.status == kCopyFailed ? Status::Failed(what)
+                                                                  : Status::ParamInvalid(what));
       }
       inflight_.pop_front();
-      continue;  // the target closes the lane next; the rest fail then
+      // After a refusal the target closes the lane next and the rest fail
+      // then; after a failed device copy it goes on answering in order.
+      continue;
     }
     if (h.op == kOpRead) {
       if (h.len != p.len) {
@@ -316,6 +366,15 @@ bool ClientLane::ReadResponses(Completions& done) {
       }
       rdst_ = p.t ? p.local : nullptr;
       rleft_ = p.len;
+      rdev_ = nullptr;
+      if (p.t && p.device >= 0) {
+        rdev_ = p.local;
+        rdev_ord_ = p.device;
+        rdev_err_ = Status::Ok();
+        rstaged_ = 0;
+        const size_t want = std::min<size_t>(p.len, kDeviceStage);
+        if (rstage_.size() < want) rstage_.resize(want);
+      }
     } else {
       if (p.t) done.emplace_back(std::move(p.t), Status::Ok());
       inflight_.pop_front();
@@ -494,6 +553,7 @@ void TcpChannel::Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) {
       p.hdr = ReqHdr{kReqMagic, op, {0, 0, 0}, 0, s.remote + off, len};
       p.local = reinterpret_cast<char*>(s.local + off);
       p.len = len;
+      p.device = s.local_device;
       per_lane[(first + index * use / count) % lanes_.size()].push_back(std::move(p));
     }
   }

@@ -56,6 +56,11 @@ struct [[maybe_unused]] PayloadAccess {
 
 constexpr size_t kStaging = 64u << 10;  // header reads; payloads go direct
 constexpr size_t kMaxIov = 256;
+// Device memory (MEM_DEVICE) never meets a socket call: its bytes pass
+// through host staging buffers of at most this many bytes per step (a
+// target's WRITE payload and an initiator's READ reply are copied to the
+// device in steps of this size as they arrive).
+constexpr size_t kDeviceStage = 4u << 20;
 constexpr size_t kFairnessBytes = 8u << 20;  // per event, so lanes share a thread
 constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
 // Accepted data connections that have not sent a valid hello yet, at most.
@@ -170,6 +175,9 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
     const char* data;
     size_t len;
     size_t off;  // over header + payload
+    // A READ of device memory: the bytes, copied out by the driver (data
+    // points here).
+    std::shared_ptr<std::vector<char>> staged;
   };
   void OnEvent(uint32_t ev);
   bool Process();          // serves what arrived, then sends the answers; false: closed
@@ -180,11 +188,15 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   // lane up, so nothing still queued on it may be applied.
   bool Abandoned(bool force);
   bool OnHeader(const ReqHdr& h);
+  // A WRITE into device memory: moves the staged bytes to the device. False
+  // when the lane was fenced or abandoned instead (closed).
+  bool LandStaged();
   // Right before a step that applies or answers what the lane read: true
   // (and the lane closed) once its loop saw a stall past the heartbeat
   // fence since the lane started (see OnEvent).
   bool FencedAfterStall();
-  void Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len);
+  void Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len,
+             std::shared_ptr<std::vector<char>> staged = nullptr);
   bool Flush();
   void UpdateEvents();
 
@@ -202,6 +214,12 @@ class ServerLane : public std::enable_shared_from_this<ServerLane> {
   char* dst_ = nullptr;  // WRITE payload destination, while receiving it
   size_t left_ = 0;
   ReqHdr cur_{};
+  // A WRITE into device memory (cur_): the payload lands in stage_ and goes
+  // to the device (dst_, device dev_) each time stage_ fills.
+  int dev_ = -1;
+  bool dev_failed_ = false;  // a copy failed: the rest is received, not applied
+  std::vector<char> stage_;
+  size_t staged_ = 0;
   std::deque<Out> outq_;
   size_t out_bytes_ = 0;
   uint32_t events_ = EPOLLIN | EPOLLRDHUP;
@@ -217,6 +235,11 @@ struct Piece {
   char* local;
   size_t len;
   size_t off = 0;  // bytes sent of header + (WRITE) payload
+  // local is device memory (MEM_DEVICE) of this device ordinal: a WRITE's
+  // bytes are copied to the lane's staging buffer before it is sent
+  // (staged), a READ's reply is received there and copied to the device.
+  int device = -1;
+  bool staged = false;
 };
 using Completions = std::vector<std::pair<std::shared_ptr<Transfer>, Status>>;
 
@@ -289,6 +312,9 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   void FailNow();
   void DetachStoppedReads();
   void FlushLocked(Completions& done);
+  // The first piece to send is a device WRITE not yet staged: copies its
+  // bytes to wstage_ (mu_ held). False: the copy failed and the piece ended.
+  bool StageFront(Completions& done);
   void SetEventsLocked(uint32_t ev);
   // What the loop thread watches for answers: a hang-up only while a caller
   // receives them itself or none is awaited (so a lane used by waiting
@@ -329,6 +355,15 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   char* rdst_ = nullptr;  // nullptr while rleft_ > 0: discard (detached piece)
   size_t rleft_ = 0;
   std::vector<char> sink_;
+  // A READ reply for device memory: received into rstage_, copied to rdev_
+  // (device rdev_ord_) each time it fills; rdev_err_ once a copy failed.
+  char* rdev_ = nullptr;
+  int rdev_ord_ = -1;
+  std::vector<char> rstage_;
+  size_t rstaged_ = 0;
+  Status rdev_err_;
+  // A device WRITE's bytes while it is the first piece to send (mu_).
+  std::vector<char> wstage_;
 };
 
 // A link to one target: its lanes, over which each transfer's slices are

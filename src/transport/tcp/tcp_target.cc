@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "device/cuda.h"
 #include "transport/tcp/tcp_internal.h"
 
 namespace hixl::transport::tcp {
@@ -35,6 +36,7 @@ void ServerLane::Close(const std::string& why, bool warn) {
     self->outq_.clear();  // nothing more leaves registered memory through this lane
     self->out_bytes_ = 0;
     self->left_ = 0;
+    self->dev_ = -1;
   };
   if (loop_->InLoop()) {
     doit();
@@ -160,7 +162,10 @@ bool ServerLane::ProcessRequests() {
       if (Abandoned(false)) return false;
       if (FencedAfterStall()) return false;  // the last check before bytes land, no syscall between
       ssize_t r;
-      {
+      if (dev_ >= 0) {  // device memory: into the staging buffer
+        r = in_.Payload(fd_.get(), stage_.data() + staged_,
+                        std::min(left_, stage_.size() - staged_));
+      } else {
         [[maybe_unused]] PayloadAccess quiet;
         r = in_.Payload(fd_.get(), dst_, left_);
       }
@@ -169,10 +174,18 @@ bool ServerLane::ProcessRequests() {
         Close(r == 0 ? "initiator closed the lane mid-payload" : std::strerror(errno), r != 0);
         return false;
       }
-      dst_ += r;
       left_ -= static_cast<size_t>(r);
       moved += static_cast<size_t>(r);
-      if (left_ == 0) Reply(cur_.seq, kOpWrite, kOk, nullptr, 0);
+      if (dev_ >= 0) {
+        staged_ += static_cast<size_t>(r);
+        if ((staged_ == stage_.size() || left_ == 0) && !LandStaged()) return false;
+      } else {
+        dst_ += r;
+      }
+      if (left_ == 0) {
+        Reply(cur_.seq, kOpWrite, dev_failed_ ? kCopyFailed : kOk, nullptr, 0);
+        dev_ = -1;
+      }
       continue;
     }
     size_t need = hello_done_ ? kReqHdrSize : kLaneHelloSize;
@@ -235,15 +248,50 @@ bool ServerLane::OnHeader(const ReqHdr& h) {
     cur_ = h;
     dst_ = reinterpret_cast<char*>(h.addr);
     left_ = h.len;
+    dev_ = v.device;
+    if (dev_ >= 0) {
+      dev_failed_ = false;
+      staged_ = 0;
+      const size_t want = std::min<size_t>(h.len, kDeviceStage);
+      if (stage_.size() < want) stage_.resize(want);
+    }
+  } else if (v.device >= 0) {
+    // Device memory is read by the driver into a buffer the reply owns;
+    // the region is not touched again once this returns.
+    auto staged = std::make_shared<std::vector<char>>(h.len);
+    Status s = device::Copy(staged->data(), reinterpret_cast<const void*>(h.addr), h.len, v.device);
+    if (!s.ok()) {
+      HIXL_LOG(WARN) << "tcp: reading device memory for a peer failed: " << s.message();
+      Reply(h.seq, kOpRead, kCopyFailed, nullptr, 0);
+    } else {
+      const char* data = staged->data();
+      Reply(h.seq, kOpRead, kOk, data, h.len, std::move(staged));
+    }
   } else {
     Reply(h.seq, kOpRead, kOk, reinterpret_cast<const char*>(h.addr), h.len);
   }
   return true;
 }
 
-void ServerLane::Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len) {
-  Out o{RespHdr{kRespMagic, op, status, 0, seq, len}, data, len, 0};
-  outq_.push_back(o);
+bool ServerLane::LandStaged() {
+  const size_t n = staged_;
+  staged_ = 0;
+  if (dev_failed_) return true;  // received only to keep the stream in step
+  // The bytes land now: the same checks as before a host payload's receive.
+  if (Abandoned(false) || FencedAfterStall()) return false;
+  Status s = device::Copy(dst_, stage_.data(), n, dev_);
+  if (!s.ok()) {
+    HIXL_LOG(WARN) << "tcp: writing a peer's bytes to device memory failed: " << s.message();
+    dev_failed_ = true;
+  }
+  dst_ += n;
+  return true;
+}
+
+void ServerLane::Reply(uint64_t seq, uint8_t op, uint8_t status, const char* data, size_t len,
+                       std::shared_ptr<std::vector<char>> staged) {
+  Out o{RespHdr{kRespMagic, op, status, 0, seq, len}, data, len, 0, std::move(staged)};
+  outq_.push_back(std::move(o));
   out_bytes_ += sizeof(RespHdr) + len;  // sent at the end of this batch (Process)
 }
 

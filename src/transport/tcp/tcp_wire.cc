@@ -13,6 +13,7 @@ const char* StatusText(uint8_t status) {
     case kOk: return "ok";
     case kBadRange: return "range outside the target's registered regions";
     case kDenied: return "the target's region does not permit this operation";
+    case kCopyFailed: return "the target's copy to or from its device memory failed";
     default: return "malformed request";
   }
 }
@@ -82,13 +83,15 @@ RequestVerdict CheckRequestHeader(const ReqHdr& h, const memory::LocalRegions& r
   }
   std::optional<memory::LocalRegion> region = regions.FindContaining(h.addr, h.len);
   if (!region) return {kBadRange, "request outside every registered region"};
-  // Device memory is never touched by this transport's CPU copies (a peer
-  // that asks anyway gets a refusal, not a fault).
-  if (region->type != MemType::MEM_HOST) return {kDenied, "request against device memory"};
   if ((region->perms & (h.op == kOpWrite ? MEM_PERM_WRITE : MEM_PERM_READ)) == 0) {
     return {kDenied, "request against the region's permission"};
   }
-  return {};
+  RequestVerdict ok;
+  // Device memory is never touched by the lane's socket calls: the lane
+  // stages it through host memory with the driver's copies.
+  if (region->type == MemType::MEM_DEVICE)
+    ok.device = region->dev.ordinal < 0 ? 0 : region->dev.ordinal;
+  return ok;
 }
 
 }  // namespace hixl::transport::tcp

@@ -47,7 +47,10 @@ constexpr uint64_t kMaxSlice = 64u << 20;
 
 enum : uint8_t { kOpRead = 0, kOpWrite = 1 };
 // Response status codes.
-enum : uint8_t { kOk = 0, kBadRange = 1, kDenied = 2, kBadRequest = 3 };
+// kCopyFailed: the request was valid but the target's copy between its
+// device memory and its host staging buffer failed (nothing, or only part
+// of a WRITE, reached the device; a READ sent no payload).
+enum : uint8_t { kOk = 0, kBadRange = 1, kDenied = 2, kBadRequest = 3, kCopyFailed = 4 };
 
 struct LaneHello {
   uint32_t magic;
@@ -128,13 +131,17 @@ std::optional<ReqHdr> ParseRequestHeader(std::span<const uint8_t> bytes);
 struct RequestVerdict {
   uint8_t status = kOk;       // the response status: kOk, kBadRequest, kBadRange, kDenied
   const char* why = nullptr;  // what is wrong (null when kOk)
+  // kOk against device memory (MEM_DEVICE): the device's ordinal, so that
+  // the lane moves the bytes through a host staging buffer; -1 for host.
+  int device = -1;
   bool ok() const { return status == kOk; }
 };
 // Checks a request header against the target's region table: well formed
 // (magic, op, 0 < len <= kMaxSlice, addr != 0, [addr, addr+len) does not
 // wrap), wholly inside one registered region, and that region permits the
 // operation (READ needs MEM_PERM_READ, WRITE needs MEM_PERM_WRITE). Only a
-// request this accepts may touch memory.
+// request this accepts may touch memory; one against device memory is
+// accepted with `device` set, and only the driver may touch that memory.
 RequestVerdict CheckRequestHeader(const ReqHdr& h, const memory::LocalRegions& regions);
 
 }  // namespace hixl::transport::tcp

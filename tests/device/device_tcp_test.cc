@@ -1,0 +1,199 @@
+// CUDA device memory over tcp links: the bytes pass through host staging
+// buffers (the initiator copies a device WRITE out before sending it and a
+// READ reply into the device after receiving it; the target does the same
+// on its side), in steps of 4 MiB. Against the fake driver, whose device
+// memory faults on any CPU access: a socket call made straight on device
+// memory crashes the test.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/device_common.h"
+
+namespace {
+
+using namespace hixl_device_test;  // NOLINT: the shared helpers
+
+class DeviceTcp : public DeviceShm {};
+
+constexpr size_t kSlice = 8u << 20;  // slices of 8 MiB: two staging steps each
+
+TEST_F(DeviceTcp, HostAndDeviceMemoryEveryWay) {
+  const size_t n = (9u << 20) / hixl_test::kSanitizerDivisor + 13;
+  // The peer's device region starts inside a larger allocation.
+  const uintptr_t pd =
+      Num(peer_.Send("devreg pd " + std::to_string(n + 8192) + " 4099 " + std::to_string(n)));
+  const uintptr_t ph = Num(peer_.Send("reg ph " + std::to_string(n)));
+  ASSERT_NE(pd, 0u);
+  ASSERT_NE(ph, 0u);
+  Link("TCP", {{hixl::options::kTcpSliceSize, std::to_string(kSlice)}});
+  std::vector<unsigned char> host(n);
+  hixl_test::FillPattern(host.data(), n, 7);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+
+  // host -> peer device, and back.
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, pd, n}}));
+  EXPECT_EQ(peer_.Hash("pd", 0, n), Hash(host.data(), n));
+  ASSERT_TRUE(peer_.Ok("fillpat pd 9"));
+  std::vector<unsigned char> back(n, 0);
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{reinterpret_cast<uintptr_t>(back.data()), pd, n}}));
+  EXPECT_EQ(Hash(back.data(), n), PatternHash(n, 9));
+
+  // local device -> peer device, and back.
+  ASSERT_TRUE(DevFillPattern(ld, n, 3));
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{ld, pd, n}}));
+  EXPECT_EQ(peer_.Hash("pd", 0, n), PatternHash(n, 3));
+  ASSERT_TRUE(peer_.Ok("fillpat pd 11"));
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{ld, pd, n}}));
+  EXPECT_EQ(DevHash(ld, n), PatternHash(n, 11));
+
+  // local device -> peer host, and back.
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{ld, ph, n}}));
+  EXPECT_EQ(peer_.Hash("ph", 0, n), PatternHash(n, 11));
+  ASSERT_TRUE(peer_.Ok("fillpat ph 13"));
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{ld, ph, n}}));
+  EXPECT_EQ(DevHash(ld, n), PatternHash(n, 13));
+  EXPECT_EQ(peer_.Send("canary ph"), "OK intact");
+
+  // One transfer mixing all four, in pieces of odd sizes at odd offsets.
+  ASSERT_TRUE(peer_.Ok("fill pd 0"));
+  ASSERT_TRUE(peer_.Ok("fill ph 0"));
+  const size_t q = n / 4;
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, pd, q},
+                                          {ld + q, pd + q, q + 1},
+                                          {h + 2 * q + 1, ph + 2 * q + 1, 5},
+                                          {ld + 3 * q, ph + 3 * q, n - 3 * q}}));
+  std::vector<unsigned char> want(n, 0);
+  std::vector<unsigned char> dev13(n);
+  hixl_test::FillPattern(dev13.data(), n, 13);
+  std::copy(host.begin(), host.begin() + q, want.begin());
+  std::copy(dev13.begin() + q, dev13.begin() + 2 * q + 1, want.begin() + q);
+  EXPECT_EQ(peer_.Hash("pd", 0, 2 * q + 1), Hash(want.data(), 2 * q + 1));
+  EXPECT_EQ(peer_.Hash("ph", 2 * q + 1, 5), Hash(host.data() + 2 * q + 1, 5));
+  EXPECT_EQ(peer_.Hash("ph", 3 * q, n - 3 * q), Hash(dev13.data() + 3 * q, n - 3 * q));
+
+  // Past the end of the peer's region (still inside its allocation): refused
+  // before anything moves.
+  const std::string before = peer_.Hash("pd", 0, n);
+  hixl::Status s = Move(TransferOp::WRITE, {{ld, pd + n - 4096, 4097}});
+  EXPECT_EQ(s.code(), StatusCode::kParamInvalid) << s.ToString();
+  EXPECT_EQ(peer_.Hash("pd", 0, n), before);
+  HIXL_ASSERT_OK(e_.FreeMem(mine));
+}
+
+TEST_F(DeviceTcp, FailedCopiesOnEitherSideEndFailedAndTheLinkGoesOn) {
+  SKIP_ON_REAL_DRIVER();
+  const size_t n = 3u << 20;  // three slices of the default 1 MiB
+  const uintptr_t d = Num(peer_.Send("devalloc d " + std::to_string(n)));
+  Link("TCP");
+  ASSERT_TRUE(peer_.Ok("fill d 0x33"));
+  const std::string before = peer_.Hash("d", 0, n);
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+  ASSERT_TRUE(DevFillPattern(ld, n, 4));
+  std::vector<unsigned char> host(n);
+  hixl_test::FillPattern(host.data(), n, 5);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+
+  // This side: the copy out of local device memory, and into it, fail.
+  FailCopiesAfter(0);
+  hixl::Status s = Move(TransferOp::WRITE, {{ld, d, n}});
+  EXPECT_EQ(s.code(), StatusCode::kFailed) << s.ToString();
+  s = Move(TransferOp::READ, {{ld, d, n}});
+  EXPECT_EQ(s.code(), StatusCode::kFailed) << s.ToString();
+  FailCopiesAfter(-1);
+  EXPECT_EQ(peer_.Hash("d", 0, n), before);
+  EXPECT_EQ(DevHash(ld, n), PatternHash(n, 4));
+
+  // The target's side: its copies into and out of its device memory fail.
+  ASSERT_TRUE(peer_.Ok("devfail 0"));
+  s = Move(TransferOp::WRITE, {{h, d, n}});
+  EXPECT_EQ(s.code(), StatusCode::kFailed) << s.ToString();
+  EXPECT_NE(s.message().find("device memory failed"), std::string::npos) << s.ToString();
+  std::vector<unsigned char> back(n, 0x5a);
+  s = Move(TransferOp::READ, {{reinterpret_cast<uintptr_t>(back.data()), d, n}});
+  EXPECT_EQ(s.code(), StatusCode::kFailed) << s.ToString();
+  ASSERT_TRUE(peer_.Ok("devfail -1"));
+  EXPECT_EQ(peer_.Hash("d", 0, n), before);
+  EXPECT_EQ(Hash(back.data(), n), Hash(std::vector<unsigned char>(n, 0x5a).data(), n));
+
+  // The lanes stayed up: the next transfers go through.
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, d, n}}));
+  EXPECT_EQ(peer_.Hash("d", 0, n), Hash(host.data(), n));
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{ld, d, n}}));
+  EXPECT_EQ(DevHash(ld, n), Hash(host.data(), n));
+  HIXL_ASSERT_OK(e_.FreeMem(mine));
+}
+
+TEST_F(DeviceTcp, TimedOutTransfersWriteNothingLater) {
+  SKIP_ON_REAL_DRIVER();
+  const size_t n = 1u << 20;
+  const uintptr_t d = Num(peer_.Send("devalloc d " + std::to_string(n)));
+  Link("TCP");
+  ASSERT_TRUE(peer_.Ok("fill d 0x21"));
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+  ASSERT_TRUE(DevFillPattern(ld, n, 8));
+  std::vector<unsigned char> host(n, 0x99);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+
+  // The target's device copies take 400 ms; the transfers allow 100.
+  ASSERT_TRUE(peer_.Ok("devdelay 400000"));
+  hixl::Status s = e_.TransferSync(peer_.engine(), TransferOp::READ, {{ld, d, n}}, 100);
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  // A WRITE whose bytes are all on the wire ends when the target answered
+  // them: TIMEOUT when that is past the deadline and the lane was reset
+  // first, SUCCESS when the answer came first (then the bytes are there).
+  s = e_.TransferSync(peer_.engine(), TransferOp::WRITE, {{h, d, n}}, 100);
+  EXPECT_TRUE(s.code() == StatusCode::kTimeout || s.ok()) << s.ToString();
+  // Whatever the target still does, neither side's memory changes after the
+  // transfers ended.
+  const std::string dev_now = DevHash(ld, n);
+  EXPECT_EQ(dev_now, PatternHash(n, 8));
+  ASSERT_TRUE(peer_.Ok("devdelay 0"));
+  const std::string peer_now = peer_.Hash("d", 0, n);
+  if (s.ok()) {
+    EXPECT_EQ(peer_now, Hash(host.data(), n));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  EXPECT_EQ(DevHash(ld, n), dev_now);
+  EXPECT_EQ(peer_.Hash("d", 0, n), peer_now);
+
+  // And the link still works.
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, d, n}}));
+  EXPECT_EQ(peer_.Hash("d", 0, n), Hash(host.data(), n));
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{ld, d, n}}));
+  EXPECT_EQ(DevHash(ld, n), Hash(host.data(), n));
+  HIXL_ASSERT_OK(e_.FreeMem(mine));
+}
+
+#if defined(HIXL_TEST_UCX)
+TEST_F(DeviceTcp, UcxLinkRefusesDeviceMemoryAndStillMovesHostMemory) {
+  const uintptr_t d = Num(peer_.Send("devalloc d 4096"));
+  const uintptr_t r = Num(peer_.Send("reg r 4096"));
+  Link("UCX");
+  ASSERT_TRUE(peer_.Ok("fill d 0x11"));
+  std::vector<unsigned char> host(4096, 0x77);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+  hixl::Status s = Move(TransferOp::WRITE, {{h, d, 4096}});
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e_.AllocMem(4096, MemType::MEM_DEVICE, &mine));
+  s = Move(TransferOp::WRITE, {{reinterpret_cast<uintptr_t>(mine), r, 4096}});
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  std::vector<unsigned char> ones(4096, 0x11);
+  EXPECT_EQ(peer_.Hash("d", 0, 4096), Hash(ones.data(), 4096));
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, r, 4096}}));
+  EXPECT_EQ(peer_.Hash("r", 0, 4096), Hash(host.data(), 4096));
+}
+#endif
+
+}  // namespace
