@@ -442,10 +442,11 @@ PYBIND11_MODULE(_hixl, m) {
           "This engine's generation (incarnation id; 0 before initialize).")
       .def(
           "register_mem",
-          [](hixl::Hixl& h, py::object mem, std::optional<size_t> len, hixl::MemType type,
-             uint32_t perms, uint32_t flags) {
+          [](hixl::Hixl& h, py::object mem, std::optional<size_t> len,
+             std::optional<hixl::MemType> type, uint32_t perms, uint32_t flags) {
             uintptr_t addr;
             size_t n;
+            bool device = false;
             if (py::isinstance<hixl::MemDesc>(mem)) {
               auto d = mem.cast<hixl::MemDesc>();
               addr = d.addr;
@@ -456,15 +457,20 @@ PYBIND11_MODULE(_hixl, m) {
                 Raise(HIXL_PARAM_INVALID, "PARAM_INVALID: len is required with an address");
               n = len ? *len : m.size();
               addr = m.Addr(n);
+              device = m.device();
             }
+            const hixl::MemType t =
+                type ? *type : (device ? hixl::MemType::MEM_DEVICE : hixl::MemType::MEM_HOST);
             hixl::MemHandle handle = 0;
-            Check(NoGil([&] { return h.RegisterMem({addr, n}, type, handle, perms, flags); }));
+            Check(NoGil([&] { return h.RegisterMem({addr, n}, t, handle, perms, flags); }));
             return handle;
           },
-          "mem"_a, "len"_a = py::none(), "type"_a = hixl::MemType::MEM_HOST,
+          "mem"_a, "len"_a = py::none(), "type"_a = py::none(),
           "perms"_a = static_cast<uint32_t>(hixl::MEM_PERM_READ_WRITE),
           "flags"_a = static_cast<uint32_t>(hixl::REGISTER_DEFAULT),
-          "Registers memory for remote access. flags=REGISTER_SHARE_BY_MAPPING lets local peers "
+          "Registers memory for remote access. type: MemType; by default MEM_DEVICE for a CUDA "
+          "tensor or __cuda_array_interface__ object, MEM_HOST otherwise (docs/GPU.md). "
+          "flags=REGISTER_SHARE_BY_MAPPING lets local peers "
           "map it (numpy/torch CPU memory is moved in place into shared memory until "
           "deregister_mem; see docs/USER_MEMORY.md).")
       .def(
