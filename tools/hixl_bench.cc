@@ -48,6 +48,7 @@ int RunInitiator(const Options& o) {
   if (o.notify) return RunNotify(o);
   if (o.failover) return RunFailover(o);
   if (o.kv) return RunKv(o);
+  if (o.device) return RunDevice(o);
   if (!o.many.empty()) return RunMany(o);
   // The shapes to run, and the largest transfer among them.
   struct Shape {

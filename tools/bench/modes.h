@@ -11,6 +11,9 @@ int RunNotify(const Options& o);    // --notify: notification after a 4 KiB WRIT
 int RunFailover(const Options& o);  // --failover: kill -9 / SIGSTOP -> FAILED
 int RunKv(const Options& o);        // --kv: exec hixl-kv-bench (returns only on error)
 
+// device.cc
+int RunDevice(const Options& o);  // --device: CUDA device memory beside in-process copies
+
 // many.cc
 int RunMany(const Options& o);        // --many N,M: N initiators into one target
 int RunManyWorker(const Options& o);  // --many-worker: one of those initiators

@@ -56,6 +56,11 @@ void Usage() {
       "                              hixl-kv-bench from this program's directory, passing\n"
       "                              --transport, --reps, --verify, --table through (other\n"
       "                              options are ignored)\n"
+      "  --device                    CUDA device memory (the driver HIXL_CUDA_DRIVER names,\n"
+      "                              default libcuda.so.1): d2d over shm and tcp, d2h and h2d\n"
+      "                              over shm, each beside an in-process cuMemcpy of the same\n"
+      "                              size (tcp: beside hixl's tcp host->host); --blocks\n"
+      "                              (default 1M,16M,128M), --op, --reps, --iters, --verify\n"
       "  --stream                    async transfers of one block each (--blocks, default\n"
       "                              4K; --op, default write), --window requests in flight,\n"
       "                              oldest reaped first: transfers/s and GB/s beside\n"
@@ -147,7 +152,9 @@ Options ParseArgs(int argc, char** argv) {
         if (v == "both") kinds = {"alloc", "malloc"};
         if (v == "all") kinds = {"alloc", "malloc", "memfd", "inplace"};
         for (const std::string& k : kinds) {
-          if (k != "alloc" && k != "malloc" && k != "memfd" && k != "inplace")
+          // cuda: the target's device memory, for --device (which starts its
+          // targets with it); the sweep's own checks are host-only.
+          if (k != "alloc" && k != "malloc" && k != "memfd" && k != "inplace" && k != "cuda")
             Fail("--mem must be alloc, malloc, memfd, inplace, both or all (or a comma list)");
           if (std::find(o.mems.begin(), o.mems.end(), k) == o.mems.end()) o.mems.push_back(k);
         }
@@ -180,6 +187,8 @@ Options ParseArgs(int argc, char** argv) {
       o.worker_of = value();
     else if (a == "--kv")
       o.kv = true;
+    else if (a == "--device")
+      o.device = true;
     else if (a == "--table")
       o.table = true;
     else if (a == "--no-cma")
@@ -205,6 +214,8 @@ Options ParseArgs(int argc, char** argv) {
       Fail("unknown option '" + a + "'");
     }
   }
+  if (!o.serve && std::find(o.mems.begin(), o.mems.end(), "cuda") != o.mems.end())
+    Fail("--mem cuda is the target's memory of --device; run --device for device memory");
   // ucx has no thread/lane option: one engine unless --threads asks for more.
   if (o.transport == "ucx" && !o.threads_given) o.threads = {1};
   // --stream is about small writes unless told otherwise.

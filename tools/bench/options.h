@@ -45,6 +45,7 @@ struct Options {
 
   std::vector<uint64_t> many;  // --many N,M: initiator counts (empty: not this mode)
   bool kv = false;             // --kv: exec hixl-kv-bench
+  bool device = false;         // --device: CUDA device memory rows (bench/device.cc)
   std::string worker_of;       // --many-worker ENGINE: an initiator process of --many
   // Which options the command line gave (--many has defaults of its own,
   // --kv passes through only what was given).

@@ -20,6 +20,8 @@
 #include <sstream>
 #include <thread>
 
+#include "device/driver_client.h"
+
 namespace hixl_bench {
 
 // ---------------------------------------------------------- child process ---
@@ -161,9 +163,11 @@ namespace {
 class Region {
  public:
   Region(hixl::Hixl& engine, const std::string& mem, size_t len) : engine_(engine), len_(len) {
-    if (mem == "alloc") {  // engine memory: a sealed memfd of its own
+    if (mem == "alloc" || mem == "cuda") {  // engine memory: a memfd, or device memory
       void* p = nullptr;
-      Check(engine.AllocMem(len, hixl::MemType::MEM_HOST, &p), "target AllocMem");
+      device_ = mem == "cuda";
+      Check(engine.AllocMem(len, device_ ? hixl::MemType::MEM_DEVICE : hixl::MemType::MEM_HOST, &p),
+            "target AllocMem (" + mem + ")");
       data_ = static_cast<uint8_t*>(p);
       return;
     }
@@ -199,6 +203,26 @@ class Region {
   Region& operator=(const Region&) = delete;
   ~Region() { Release(/*check=*/false); }
   uint8_t* data() const { return data_; }
+  // CUDA device memory (--mem cuda): reached only through the driver.
+  bool device() const { return device_; }
+
+  // The verify pattern into [off, off+n), or a comparison with it
+  // (SIZE_MAX: equal), through a host buffer for device memory.
+  bool Fill(uint64_t off, uint64_t n, uint64_t seed) {
+    if (!device_) {
+      FillPattern(data_ + off, n, seed);
+      return true;
+    }
+    std::vector<uint8_t> host(n);
+    FillPattern(host.data(), n, seed);
+    return hixl::device::DriverClient::Get().Copy(data_ + off, host.data(), n);
+  }
+  size_t Mismatch(uint64_t off, uint64_t n, uint64_t seed) {
+    if (!device_) return FindPatternMismatch(data_ + off, n, seed);
+    std::vector<uint8_t> host(n);
+    if (!hixl::device::DriverClient::Get().Copy(host.data(), data_ + off, n)) return 0;
+    return FindPatternMismatch(host.data(), n, seed);
+  }
 
   // Deregisters (moving inplace pages back), then frees the memory; with
   // check, a failed DeregisterMem throws.
@@ -229,6 +253,7 @@ class Region {
   uint8_t* data_ = nullptr;
   uint8_t* malloced_ = nullptr;
   bool mapped_ = false;
+  bool device_ = false;
   int memfd_ = -1;
   hixl::MemHandle handle_ = 0;
 };
@@ -258,7 +283,7 @@ int Serve(const Options& o) {
   const size_t len = o.region_size;
   const auto owned = std::make_unique<Region>(engine, o.mems.front(), len);
   uint8_t* region = owned->data();
-  std::memset(region, 0xa5, len);  // fault every page in before timing
+  if (!owned->device()) std::memset(region, 0xa5, len);  // fault every page in before timing
   std::printf("READY %s %" PRIuPTR " %zu\n", engine.LocalEngine().c_str(),
               reinterpret_cast<uintptr_t>(region), len);
   std::fflush(stdout);
@@ -324,10 +349,9 @@ int Serve(const Options& o) {
       if (off > len - n) {
         std::printf("ERR range [%" PRIu64 ", +%" PRIu64 ") outside the region\n", off, n);
       } else if (cmd == "fill") {
-        FillPattern(region + off, n, seed);
-        std::printf("OK\n");
+        std::printf(owned->Fill(off, n, seed) ? "OK\n" : "ERR the driver's copy failed\n");
       } else {
-        const size_t bad = FindPatternMismatch(region + off, n, seed);
+        const size_t bad = owned->Mismatch(off, n, seed);
         if (bad == SIZE_MAX)
           std::printf("OK\n");
         else
