@@ -144,6 +144,16 @@ struct TransferArgs {
   // incarnation has this generation (see GetPeerGeneration): addresses learned
   // from an earlier life of a restarted peer are never used.
   uint64_t remote_generation = 0;
+  // A CUDA stream (a CUstream of this process; CU_STREAM_LEGACY for the
+  // legacy default stream) whose work queued so far must finish before the
+  // transfer touches its local memory, e.g. the kernel that wrote the KV
+  // blocks. hixl records an event on it when the transfer is posted; copies
+  // of device memory wait for that event on the device, so the calling
+  // thread does not block for them. When some local memory of the transfer
+  // is host memory, the calling thread waits for the event before posting
+  // (the CPU copies that memory). nullptr (default): the local data must be
+  // complete when the transfer is posted. docs/GPU.md.
+  void* stream = nullptr;
 };
 
 // Opaque handle of an async request. 0 is never a valid handle.

@@ -62,6 +62,32 @@ class Memory : public hixl_py::Memory {
   Memory(py::handle obj, bool writable) : hixl_py::Memory(obj, writable, &RaiseMemory) {}
 };
 
+// TransferArgs::stream from Python: None, an int CUstream, or a stream
+// object: torch.cuda.Stream (.cuda_stream) or CuPy's (.ptr).
+void* StreamArg(py::handle s) {
+  if (s.is_none()) return nullptr;
+  py::handle v = s;
+  py::object attr;
+  if (py::hasattr(s, "cuda_stream")) {
+    attr = s.attr("cuda_stream");
+    v = attr;
+  } else if (py::hasattr(s, "ptr")) {
+    attr = s.attr("ptr");
+    v = attr;
+  }
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+    Raise(HIXL_PARAM_INVALID,
+          "PARAM_INVALID: stream must be None, an int CUstream or a torch/CuPy CUDA stream");
+  }
+  void* p = reinterpret_cast<void*>(v.cast<uintptr_t>());
+  if (p == nullptr) {
+    Raise(HIXL_PARAM_INVALID,
+          "PARAM_INVALID: stream 0 is no stream here: pass None, or CU_STREAM_LEGACY (1) for the "
+          "legacy default stream");
+  }
+  return p;
+}
+
 std::vector<hixl::TransferOpDesc> Descs(py::handle seq) {
   std::vector<hixl::TransferOpDesc> out;
   for (py::handle item : seq) {
@@ -562,37 +588,41 @@ PYBIND11_MODULE(_hixl, m) {
       .def(
           "transfer_sync",
           [](hixl::Hixl& h, const std::string& remote, hixl::TransferOp op, py::handle descs,
-             int32_t timeout_ms, py::handle notify, uint64_t remote_generation) {
+             int32_t timeout_ms, py::handle notify, uint64_t remote_generation, py::handle stream) {
             auto d = Descs(descs);
             hixl::TransferArgs args;
             args.notify = NotifyArg(notify);
             args.remote_generation = remote_generation;
+            args.stream = StreamArg(stream);
             Check(NoGil([&] { return h.TransferSync(remote, op, d, args, timeout_ms); }));
           },
           "remote_engine"_a, "op"_a, "descs"_a, "timeout_ms"_a = 1000, py::kw_only(),
-          "notify"_a = py::none(), "remote_generation"_a = 0,
+          "notify"_a = py::none(), "remote_generation"_a = 0, "stream"_a = py::none(),
           "Moves every descriptor (local, remote, len) and returns when all bytes are in place.\n"
           "notify=(name, msg): delivered to the peer after the data; remote_generation: refuse\n"
-          "unless the peer is still that incarnation (0: no check).")
+          "unless the peer is still that incarnation (0: no check); stream: a CUDA stream whose\n"
+          "queued work must finish before the local memory is touched (docs/GPU.md).")
       .def(
           "transfer_async",
           [](hixl::Hixl& h, const std::string& remote, hixl::TransferOp op, py::handle descs,
-             uint64_t user_data, int32_t timeout_ms, py::handle notify,
-             uint64_t remote_generation) {
+             uint64_t user_data, int32_t timeout_ms, py::handle notify, uint64_t remote_generation,
+             py::handle stream) {
             auto d = Descs(descs);
             hixl::TransferArgs args;
             args.user_data = user_data;
             args.timeout_ms = timeout_ms;
             args.notify = NotifyArg(notify);
             args.remote_generation = remote_generation;
+            args.stream = StreamArg(stream);
             hixl::TransferReq req = 0;
             Check(NoGil([&] { return h.TransferAsync(remote, op, d, args, req); }));
             return req;
           },
           "remote_engine"_a, "op"_a, "descs"_a, "user_data"_a = 0, py::kw_only(),
           "timeout_ms"_a = 0, "notify"_a = py::none(), "remote_generation"_a = 0,
+          "stream"_a = py::none(),
           "Posts the transfer and returns its request. timeout_ms > 0: it ends TIMEOUT after that\n"
-          "long (0: no deadline); notify and remote_generation as for transfer_sync.")
+          "long (0: no deadline); notify, remote_generation and stream as for transfer_sync.")
       .def(
           "get_transfer_status",
           [](hixl::Hixl& h, hixl::TransferReq req, bool with_reason) -> py::object {

@@ -115,3 +115,26 @@ def test_device_arrays_bad_input_is_refused(engines):
                                    type=hixl.MemType.MEM_DEVICE), "host memory")
     # Past the end of the allocation.
     refused(lambda: h.register_mem(DeviceArray(base + 4096, (1 << 20,))), "past the end")
+
+
+def test_stream_argument_is_checked(engines):
+    store = engines()
+    base = store.alloc_mem(1 << 20, hixl.MemType.MEM_DEVICE)
+    a, b = engines(LinkType="TCP"), engines(LinkType="TCP")
+    a.register_mem(DeviceArray(base, (4096,)))
+    b.register_mem(DeviceArray(base + 8192, (4096,)))
+    a.connect(b.local_engine(), timeout_ms=5000)
+    desc = [(base, base + 8192, 4096)]
+
+    class TorchLikeStream:
+        cuda_stream = 0xdead0
+
+    for bad, says in (("x", "stream must be"), (0, "stream 0"), (True, "stream must be"),
+                      (0xdead0, "TransferArgs.stream"), (TorchLikeStream(), "TransferArgs.stream")):
+        with pytest.raises(hixl.HixlError) as ei:
+            a.transfer_sync(b.local_engine(), hixl.TransferOp.WRITE, desc, stream=bad)
+        assert ei.value.code_name == "PARAM_INVALID", str(ei.value)
+        assert says in str(ei.value), str(ei.value)
+        with pytest.raises(hixl.HixlError):
+            a.transfer_async(b.local_engine(), hixl.TransferOp.WRITE, desc, stream=bad)
+    a.transfer_sync(b.local_engine(), hixl.TransferOp.WRITE, desc, stream=None)

@@ -21,7 +21,9 @@ Status Query(uintptr_t, PtrInfo& out) {
 }
 Status Alloc(size_t, uintptr_t&) { return NoCuda(); }
 Status Free(uintptr_t) { return NoCuda(); }
-Status Copy(void*, const void*, size_t, int) { return NoCuda(); }
+Status Copy(void*, const void*, size_t, int, const StreamEvent&) { return NoCuda(); }
+Status RecordOn(void*, StreamEvent&) { return NoCuda(); }
+Status WaitOnCpu(const StreamEvent& ev) { return ev ? NoCuda() : Status::Ok(); }
 Status IpcExport(uintptr_t, int, std::string&) { return NoCuda(); }
 Status IpcOpen(const std::string&, const Uuid&, uintptr_t&, int&) { return NoCuda(); }
 Status IpcClose(uintptr_t, int) { return NoCuda(); }
@@ -64,6 +66,11 @@ struct Api {
   PFN_cuMemcpyAsync_v4000 MemcpyAsync = nullptr;
   PFN_cuStreamCreate_v2000 StreamCreate = nullptr;
   PFN_cuStreamSynchronize_v2000 StreamSynchronize = nullptr;
+  PFN_cuStreamWaitEvent_v3020 StreamWaitEvent = nullptr;
+  PFN_cuEventCreate_v2000 EventCreate = nullptr;
+  PFN_cuEventRecord_v2000 EventRecord = nullptr;
+  PFN_cuEventSynchronize_v2000 EventSynchronize = nullptr;
+  PFN_cuEventDestroy_v4000 EventDestroy = nullptr;
   PFN_cuIpcGetMemHandle_v4010 IpcGetMemHandle = nullptr;
   PFN_cuIpcOpenMemHandle_v11000 IpcOpenMemHandle = nullptr;
   PFN_cuIpcCloseMemHandle_v4010 IpcCloseMemHandle = nullptr;
@@ -228,6 +235,11 @@ class Driver {
     need("cuMemcpyAsync", api_.MemcpyAsync);
     need("cuStreamCreate", api_.StreamCreate);
     need("cuStreamSynchronize", api_.StreamSynchronize);
+    need("cuStreamWaitEvent", api_.StreamWaitEvent);
+    need("cuEventCreate", api_.EventCreate);
+    need("cuEventRecord", api_.EventRecord);
+    need("cuEventSynchronize", api_.EventSynchronize);
+    need("cuEventDestroy", api_.EventDestroy);
     need("cuIpcGetMemHandle", api_.IpcGetMemHandle);
     need("cuIpcOpenMemHandle", api_.IpcOpenMemHandle);
     need("cuIpcCloseMemHandle", api_.IpcCloseMemHandle);
@@ -410,7 +422,7 @@ Status Free(uintptr_t p) {
   return r == CUDA_SUCCESS ? Status::Ok() : D().Error("cuMemFree", r);
 }
 
-Status Copy(void* dst, const void* src, size_t n, int ordinal) {
+Status Copy(void* dst, const void* src, size_t n, int ordinal, const StreamEvent& after) {
   if (n == 0) return Status::Ok();
   if (Status s = Available(); !s.ok()) return s;
   ScopedContext ctx(ordinal);
@@ -418,8 +430,16 @@ Status Copy(void* dst, const void* src, size_t n, int ordinal) {
   CUstream stream = nullptr;
   if (Status s = D().TakeStream(ordinal, stream); !s.ok()) return s;
   const Api& a = D().api();
-  CUresult r = a.MemcpyAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
-                             n, stream);
+  CUresult r = CUDA_SUCCESS;
+  if (after) {
+    r = a.StreamWaitEvent(stream, static_cast<CUevent>(after.get()), CU_EVENT_WAIT_DEFAULT);
+    if (r != CUDA_SUCCESS) {
+      D().GiveStream(ordinal, stream);
+      return D().Error("cuStreamWaitEvent (the application's stream)", r);
+    }
+  }
+  r = a.MemcpyAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), n,
+                    stream);
   // Waited for even when the copy was refused: the stream then holds no
   // work of this call, and goes back to the pool clean.
   CUresult w = a.StreamSynchronize(stream);
@@ -427,6 +447,37 @@ Status Copy(void* dst, const void* src, size_t n, int ordinal) {
   if (r != CUDA_SUCCESS) return D().Error("cuMemcpyAsync", r);
   if (w != CUDA_SUCCESS) return D().Error("a device copy", w);
   return Status::Ok();
+}
+
+Status RecordOn(void* stream, StreamEvent& out) {
+  out.reset();
+  if (Status s = Available(); !s.ok()) return s;
+  ScopedContext ctx{ScopedContext::Any{}};
+  if (!ctx.status().ok()) return ctx.status();
+  const Api& a = D().api();
+  CUevent ev = nullptr;
+  CUresult r = a.EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return D().Error("cuEventCreate", r);
+  // Destroying an event whose work is pending is allowed: the driver frees
+  // it once that work is done. hixl's copies that wait for it have ended by
+  // then (each is synchronized before its transfer part ends).
+  StreamEvent held(static_cast<void*>(ev), [](void* e) {
+    ScopedContext c{ScopedContext::Any{}};
+    D().api().EventDestroy(static_cast<CUevent>(e));
+  });
+  r = a.EventRecord(ev, static_cast<CUstream>(stream));
+  if (r != CUDA_SUCCESS) return D().Error("cuEventRecord (TransferArgs::stream)", r);
+  out = std::move(held);
+  return Status::Ok();
+}
+
+Status WaitOnCpu(const StreamEvent& ev) {
+  if (!ev) return Status::Ok();
+  if (Status s = Available(); !s.ok()) return s;
+  ScopedContext ctx{ScopedContext::Any{}};
+  if (!ctx.status().ok()) return ctx.status();
+  CUresult r = D().api().EventSynchronize(static_cast<CUevent>(ev.get()));
+  return r == CUDA_SUCCESS ? Status::Ok() : D().Error("cuEventSynchronize", r);
 }
 
 Status IpcExport(uintptr_t base, int ordinal, std::string& handle) {

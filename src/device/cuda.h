@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "hixl/hixl.h"
@@ -60,11 +61,28 @@ Status Query(uintptr_t addr, PtrInfo& out);
 Status Alloc(size_t n, uintptr_t& out);
 Status Free(uintptr_t p);
 
+// An event recorded on an application's stream (TransferArgs::stream) when
+// a transfer is posted: the transfer's copies wait for it on the device, its
+// CPU accesses of the application's memory on the CPU. The event is
+// destroyed with its last reference.
+using StreamEvent = std::shared_ptr<void>;
+
+// Records a new event on stream (a CUstream of this process) in the calling
+// thread's current context (device 0's primary context when it has none).
+// Returns at once; the event completes when the work queued on stream
+// before it has.
+Status RecordOn(void* stream, StreamEvent& out);
+
+// Blocks the calling thread until ev completed (null: at once).
+Status WaitOnCpu(const StreamEvent& ev);
+
 // Copies n bytes between any two of device memory (imported memory
 // included) and host memory, on one of hixl's own non-blocking streams of
 // device `ordinal` (the device of the device side), and returns once they
-// have landed. Nothing is written when the driver refuses the copy.
-Status Copy(void* dst, const void* src, size_t n, int ordinal);
+// have landed. With after (a StreamEvent's event), the copy starts on the
+// device only once that event completed (the CPU does not wait for it).
+// Nothing is written when the driver refuses the copy.
+Status Copy(void* dst, const void* src, size_t n, int ordinal, const StreamEvent& after = nullptr);
 
 // Legacy IPC: a handle (64 bytes) to the allocation whose base is base, on
 // device ordinal, and its opening in another process (the peer's device

@@ -43,6 +43,18 @@ class DriverClient {
     return static_cast<uintptr_t>(p);
   }
   bool Free(uintptr_t p) { return Current() && free_(p) == 0; }
+  // A stream of the application's kind (nullptr on failure), a copy queued
+  // on it (returns before the copy ran), waiting for it, destroying it.
+  void* NewStream() {
+    void* s = nullptr;
+    return Current() && stream_create_(&s, 0) == 0 ? s : nullptr;
+  }
+  bool CopyAsync(void* dst, const void* src, size_t n, void* stream) {
+    return Current() && memcpy_async_(reinterpret_cast<uintptr_t>(dst),
+                                      reinterpret_cast<uintptr_t>(src), n, stream) == 0;
+  }
+  bool Sync(void* stream) { return Current() && stream_sync_(stream) == 0; }
+  bool DestroyStream(void* stream) { return Current() && stream_destroy_(stream) == 0; }
   // A function the library exports by name (the fake driver's controls).
   void* Symbol(const char* name) const { return lib_ ? dlsym(lib_, name) : nullptr; }
 
@@ -70,7 +82,9 @@ class DriverClient {
     };
     if (!get("cuInit", init_) || !get("cuDeviceGet", device_get_) ||
         !get("cuDevicePrimaryCtxRetain", retain_) || !get("cuCtxSetCurrent", set_current_) ||
-        !get("cuMemcpy", memcpy_) || !get("cuMemAlloc", alloc_) || !get("cuMemFree", free_)) {
+        !get("cuMemcpy", memcpy_) || !get("cuMemAlloc", alloc_) || !get("cuMemFree", free_) ||
+        !get("cuStreamCreate", stream_create_) || !get("cuMemcpyAsync", memcpy_async_) ||
+        !get("cuStreamSynchronize", stream_sync_) || !get("cuStreamDestroy", stream_destroy_)) {
       error_ = "the driver lacks an entry point this client uses";
       return;
     }
@@ -94,6 +108,10 @@ class DriverClient {
   int (*memcpy_)(unsigned long long, unsigned long long, size_t) = nullptr;
   int (*alloc_)(unsigned long long*, size_t) = nullptr;
   int (*free_)(unsigned long long) = nullptr;
+  int (*stream_create_)(void**, unsigned) = nullptr;
+  int (*memcpy_async_)(unsigned long long, unsigned long long, size_t, void*) = nullptr;
+  int (*stream_sync_)(void*) = nullptr;
+  int (*stream_destroy_)(void*) = nullptr;
 };
 
 }  // namespace hixl::device

@@ -676,6 +676,7 @@ namespace {
 struct Scratch {
   std::vector<memory::Slice> slices;
   std::vector<memory::RegionRef> pins;
+  device::StreamEvent after;
 };
 thread_local Scratch tl_scratch;
 
@@ -694,8 +695,9 @@ struct ResolvedGuard {
 Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
                            const std::vector<TransferOpDesc>& descs, const TransferArgs& args,
                            net::Deadline deadline, std::shared_ptr<Peer>& peer,
-                           std::vector<memory::Slice>& slices,
-                           std::vector<memory::RegionRef>& pins) {
+                           std::vector<memory::Slice>& slices, std::vector<memory::RegionRef>& pins,
+                           device::StreamEvent& after) {
+  after.reset();
   if (Status s = CheckInitialized(); !s.ok()) return s;
   if (op != TransferOp::READ && op != TransferOp::WRITE) {
     return Status::ParamInvalid("unknown transfer op");
@@ -726,12 +728,33 @@ Status Hixl::Impl::Resolve(const std::string& remote, TransferOp op,
   if (Status s = peer->regions.Resolve(op, descs, slices, pins, hint); !s.ok()) {
     return Status(s.code(), "transfer to " + remote + ": " + s.message());
   }
-  if (Status s = CheckDevice(*peer, remote, slices); !s.ok()) {
+  Status s = CheckDevice(*peer, remote, slices);
+  if (s.ok() && args.stream != nullptr) s = AfterStream(args.stream, slices, after);
+  if (!s.ok()) {
     memory::Unpin(pins);
     slices.clear();
     return s;
   }
   active.n = nullptr;  // the caller's now
+  return Status::Ok();
+}
+
+Status Hixl::Impl::AfterStream(void* stream, const std::vector<memory::Slice>& slices,
+                               device::StreamEvent& after) {
+  if (Status s = device::RecordOn(stream, after); !s.ok()) {
+    return Status(s.code() == StatusCode::kFailed ? StatusCode::kParamInvalid : s.code(),
+                  "TransferArgs.stream: " + s.message());
+  }
+  // The CPU copies host memory: it waits for the application's work here.
+  for (const auto& sl : slices) {
+    if (sl.local_device < 0) {
+      if (Status s = device::WaitOnCpu(after); !s.ok()) {
+        after.reset();
+        return Status(s.code(), "TransferArgs.stream: " + s.message());
+      }
+      break;
+    }
+  }
   return Status::Ok();
 }
 
@@ -788,7 +811,7 @@ Status Hixl::Impl::CheckDevice(const Peer& peer, const std::string& remote,
 
 bool Hixl::Impl::CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
                               const TransferArgs& args, bool caller_waits) {
-  if (args.notify) return false;
+  if (args.notify || args.stream != nullptr) return false;
   if (!caller_waits && peer.channel->InlineMayWait()) return false;
   const size_t limit = peer.channel->InlineLimit();
   size_t bytes = 0;
@@ -835,7 +858,8 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
   auto deadline = timeout_ms > 0 ? net::DeadlineAfterMs(timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
   Scratch& sc = tl_scratch;
-  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins, sc.after);
+      !s.ok())
     return s;
   if (CanRunInline(*peer, sc.slices, args, /*caller_waits=*/true)) {
     // Small shm copies: no request object, no hand-off.
@@ -843,6 +867,7 @@ Status Hixl::Impl::TransferSync(const std::string& remote, TransferOp op,
     return peer->channel->RunInline(op, sc.slices.data(), sc.slices.size(), deadline);
   }
   auto t = MakeTransfer(peer, op, args, deadline, sc.slices, sc.pins);
+  t->after = std::move(sc.after);
   peer->channel->Submit(t, /*caller_waits=*/true);
   // A small transfer's answer (tcp, UCX) is usually microseconds away:
   // spinning for it, bounded, saves this thread a sleep and a wake-up, which
@@ -870,7 +895,8 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
       args.timeout_ms > 0 ? net::DeadlineAfterMs(args.timeout_ms) : net::Deadline::max();
   std::shared_ptr<Peer> peer;
   Scratch& sc = tl_scratch;
-  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins); !s.ok())
+  if (Status s = Resolve(remote, op, descs, args, deadline, peer, sc.slices, sc.pins, sc.after);
+      !s.ok())
     return s;
   if (CanRunInline(*peer, sc.slices, args, /*caller_waits=*/false)) {
     // A small shm copy ends here, before the request exists: a success is
@@ -899,6 +925,7 @@ Status Hixl::Impl::TransferAsync(const std::string& remote, TransferOp op,
     return Status::Ok();
   }
   auto t = MakeTransfer(peer, op, args, deadline, sc.slices, sc.pins);
+  t->after = std::move(sc.after);
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(req_mu_);

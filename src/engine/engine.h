@@ -229,15 +229,21 @@ class Hixl::Impl {
   // Checks a transfer's arguments, acquires its peer (one activity counted)
   // and resolves the descriptors against the peer's regions into slices and
   // pins (RemoteRegionTable::Resolve). On success the caller owns the count
-  // and the pins; on failure nothing is held.
+  // and the pins, and after holds TransferArgs::stream's event (null without
+  // a stream; the calling thread has waited for it when some local memory is
+  // host memory); on failure nothing is held.
   Status Resolve(const std::string& remote, TransferOp op, const std::vector<TransferOpDesc>& descs,
                  const TransferArgs& args, net::Deadline deadline, std::shared_ptr<Peer>& peer,
-                 std::vector<memory::Slice>& slices, std::vector<memory::RegionRef>& pins);
+                 std::vector<memory::Slice>& slices, std::vector<memory::RegionRef>& pins,
+                 device::StreamEvent& after);
   // True when the resolved transfer may run through Channel::RunInline (no
   // notification, within the channel's InlineLimit; for a caller that does
   // not wait, only on a channel whose RunInline never waits for the peer).
   static bool CanRunInline(const Peer& peer, const std::vector<memory::Slice>& slices,
                            const TransferArgs& args, bool caller_waits);
+  // TransferArgs::stream: records its event (see Resolve).
+  static Status AfterStream(void* stream, const std::vector<memory::Slice>& slices,
+                            device::StreamEvent& after);
   // The request object of a resolved transfer; it takes over the pins and
   // the peer's activity count (slices and pins are left empty).
   std::shared_ptr<transport::Transfer> MakeTransfer(const std::shared_ptr<Peer>& peer,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "device/cuda.h"
 #include "hixl/hixl.h"
 #include "memory/remote_regions.h"
 
@@ -34,6 +35,9 @@ class Transfer : public std::enable_shared_from_this<Transfer> {
   const TransferOp op;
   const std::vector<memory::Slice> slices;
   const net::Deadline deadline;
+  // TransferArgs::stream's event (set before the transfer is submitted): its
+  // device copies wait for it (device::Copy's after).
+  device::StreamEvent after;
   size_t bytes() const { return bytes_; }
 
   // Asks every part to stop at its next check; the first reason wins. The

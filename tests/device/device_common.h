@@ -61,6 +61,9 @@ T Control(const char* name) {
 }
 inline int LiveIpcMappings() { return Control<int (*)()>("hixl_fake_cuda_live_ipc_mappings")(); }
 inline int LiveAllocs() { return Control<int (*)()>("hixl_fake_cuda_live_allocs")(); }
+inline void SetCopyDelayUs(unsigned us) {
+  Control<void (*)(unsigned)>("hixl_fake_cuda_set_copy_delay_us")(us);
+}
 inline void FailCopiesAfter(long long n) {
   Control<void (*)(long long)>("hixl_fake_cuda_fail_copies_after")(n);
 }

@@ -90,11 +90,12 @@ Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info) {
   return Status::Ok();
 }
 
-Status CopyDevice(TransferOp op, uintptr_t local, char* mapped, size_t len, int ordinal) {
+Status CopyDevice(TransferOp op, uintptr_t local, char* mapped, size_t len, int ordinal,
+                  const device::StreamEvent& after) {
   char* mine = reinterpret_cast<char*>(local);
   char* to = op == TransferOp::WRITE ? mapped : mine;
   const char* from = op == TransferOp::WRITE ? mine : mapped;
-  return device::Copy(to, from, len, ordinal);
+  return device::Copy(to, from, len, ordinal, after);
 }
 
 char* StagingBuffer() {

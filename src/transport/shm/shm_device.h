@@ -51,7 +51,8 @@ class DeviceImports {
 // side is device memory: `mapped` is where the peer's bytes lie in this
 // process (imported device memory or a mapping of its host memory);
 // ordinal is the device of the device side.
-Status CopyDevice(TransferOp op, uintptr_t local, char* mapped, size_t len, int ordinal);
+Status CopyDevice(TransferOp op, uintptr_t local, char* mapped, size_t len, int ordinal,
+                  const device::StreamEvent& after = nullptr);
 
 // Local device memory and peer host memory reached by cross-memory attach
 // meet in this thread's host buffer, kStageBytes at a time.

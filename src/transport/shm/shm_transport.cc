@@ -409,9 +409,10 @@ class ShmChannel final : public Channel {
   static void CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintptr_t local,
                          uintptr_t remote, size_t len, bool stream);
   // A piece where either side is device memory (local_device: the local
-  // side's device, or -1).
+  // side's device, or -1); after: the transfer's TransferArgs::stream event.
   Status CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, int local_device,
-                        uintptr_t local, uintptr_t remote, size_t len) const;
+                        uintptr_t local, uintptr_t remote, size_t len,
+                        const device::StreamEvent& after) const;
   Status CopyCma(TransferOp op, const iovec* local, const iovec* remote, size_t n,
                  size_t bytes) const;
   std::vector<Part> Split(const Transfer& t) const;
@@ -619,14 +620,15 @@ void ShmChannel::CopyMapped(TransferOp op, const memory::RemoteRegion& g, uintpt
 }
 
 Status ShmChannel::CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, int local_device,
-                                  uintptr_t local, uintptr_t remote, size_t len) const {
+                                  uintptr_t local, uintptr_t remote, size_t len,
+                                  const device::StreamEvent& after) const {
   if (g.device) {
     // Imported whole (DeviceImports::Prepare): remote lies in the mapping.
     if (g.mapped == nullptr) {
       return Status::Unsupported("region " + std::to_string(g.id) + " of " + engine_ +
                                  " is device memory this process could not open");
     }
-    return CopyDevice(op, local, g.mapped + (remote - g.map_lo), len, g.device_ordinal);
+    return CopyDevice(op, local, g.mapped + (remote - g.map_lo), len, g.device_ordinal, after);
   }
   // Local device memory; the peer's host memory mapped here where it is,
   // else reached by cross-memory attach through a host buffer.
@@ -641,11 +643,11 @@ Status ShmChannel::CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, 
       iovec l{buf, n};
       iovec r{reinterpret_cast<void*>(x), n};
       if (op == TransferOp::WRITE) {
-        if (Status s = device::Copy(buf, dev, n, local_device); !s.ok()) return s;
+        if (Status s = device::Copy(buf, dev, n, local_device, after); !s.ok()) return s;
         if (Status s = CopyCma(op, &l, &r, 1, n); !s.ok()) return s;
       } else {
         if (Status s = CopyCma(op, &l, &r, 1, n); !s.ok()) return s;
-        if (Status s = device::Copy(dev, buf, n, local_device); !s.ok()) return s;
+        if (Status s = device::Copy(dev, buf, n, local_device, after); !s.ok()) return s;
       }
       x += n;
     }
@@ -656,7 +658,7 @@ Status ShmChannel::CopyWithDevice(TransferOp op, const memory::RemoteRegion& g, 
   }
   if (m1 > m0) {
     Status s = CopyDevice(op, local + (m0 - remote), g.mapped + (m0 - g.map_lo), m1 - m0,
-                          local_device);
+                          local_device, after);
     if (!s.ok()) return s;
   }
   if (b > m1) return staged(m1, b);
@@ -733,7 +735,9 @@ Status ShmChannel::RunPart(TransferOp op, const memory::Slice* slices, const Par
       const uintptr_t a = s.remote + off, b = a + len, local = s.local + off;
       if (g.device || s.local_device >= 0) {
         if (Status st = flush(); !st.ok()) return st;  // keep the descriptors' order
-        if (Status st = CopyWithDevice(op, g, s.local_device, local, a, len); !st.ok()) return st;
+        const device::StreamEvent none;
+        Status st = CopyWithDevice(op, g, s.local_device, local, a, len, t ? t->after : none);
+        if (!st.ok()) return st;
       } else if (g.mapped == nullptr) {
         if (Status st = cma(local, a, len); !st.ok()) return st;
       } else {

@@ -131,7 +131,7 @@ bool ClientLane::StageFront(Completions& done) {
   // The piece before it has been handed to the socket whole: its bytes
   // travel while this one is copied out of the device.
   if (wstage_.size() < p.len) wstage_.resize(p.len);
-  Status s = device::Copy(wstage_.data(), p.local, p.len, p.device);
+  Status s = device::Copy(wstage_.data(), p.local, p.len, p.device, p.t->after);
   if (!s.ok()) {
     done.emplace_back(std::move(p.t),
                       Status::Failed("reading local device memory to send it: " + s.message()));
@@ -307,7 +307,8 @@ bool ClientLane::ReadResponses(Completions& done) {
           // ends only after this copy, so a stopped transfer sees no late
           // write.
           if (rdev_err_.ok()) {
-            if (Status s = device::Copy(rdev_, rstage_.data(), rstaged_, rdev_ord_); !s.ok()) {
+            if (Status s = device::Copy(rdev_, rstage_.data(), rstaged_, rdev_ord_, rdev_after_);
+                !s.ok()) {
               rdev_err_ =
                   Status::Failed("writing the reply to local device memory: " + s.message());
             }
@@ -321,6 +322,7 @@ bool ClientLane::ReadResponses(Completions& done) {
       if (rleft_ == 0) {
         Status end = rdev_ != nullptr ? rdev_err_ : Status::Ok();
         rdev_ = nullptr;
+        rdev_after_.reset();
         std::lock_guard<std::mutex> lock(mu_);
         if (inflight_.front().t) done.emplace_back(std::move(inflight_.front().t), std::move(end));
         inflight_.pop_front();
@@ -370,6 +372,7 @@ bool ClientLane::ReadResponses(Completions& done) {
       if (p.t && p.device >= 0) {
         rdev_ = p.local;
         rdev_ord_ = p.device;
+        rdev_after_ = p.t->after;
         rdev_err_ = Status::Ok();
         rstaged_ = 0;
         const size_t want = std::min<size_t>(p.len, kDeviceStage);

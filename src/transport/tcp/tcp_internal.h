@@ -362,6 +362,7 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   std::vector<char> rstage_;
   size_t rstaged_ = 0;
   Status rdev_err_;
+  device::StreamEvent rdev_after_;  // the piece's TransferArgs::stream event
   // A device WRITE's bytes while it is the first piece to send (mu_).
   std::vector<char> wstage_;
 };

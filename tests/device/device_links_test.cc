@@ -1,8 +1,9 @@
-// The engine's promises with device memory on both sides, over shm and tcp:
-// a target that deregisters (and frees) its device memory while transfers
-// into it run, and a target killed while its device copies are slow. The
-// fake driver's freed memory is unmapped, so a copy that landed after
-// FreeMem returned would fault in the target (the test then finds it dead).
+// Device memory on both sides, over shm and tcp: transfers ordered after
+// the application's stream (TransferArgs::stream), a target that
+// deregisters (and frees) its device memory while transfers into it run,
+// and a target killed while its device copies are slow. The fake driver's
+// freed memory is unmapped, so a copy that landed after FreeMem returned
+// would fault in the target (the test then finds it dead).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -18,7 +19,7 @@ namespace {
 
 using namespace hixl_device_test;  // NOLINT: the shared helpers
 
-class DeviceFailure : public DeviceShm, public ::testing::WithParamInterface<const char*> {
+class DeviceLinks : public DeviceShm, public ::testing::WithParamInterface<const char*> {
  protected:
   // The peer's device region d of n bytes, the link, and local device
   // memory of n bytes holding pattern seed (freed by the test).
@@ -32,9 +33,10 @@ class DeviceFailure : public DeviceShm, public ::testing::WithParamInterface<con
   }
   uintptr_t d_ = 0, ld_ = 0;
   void* mine_ = nullptr;
+  hixl::TransferReq req_ = 0;
 };
 
-TEST_P(DeviceFailure, DeregistrationDuringTransfersWaitsAndNothingLandsAfter) {
+TEST_P(DeviceLinks, DeregistrationDuringTransfersWaitsAndNothingLandsAfter) {
   const size_t n = 2u << 20;
   ASSERT_NO_FATAL_FAILURE(SetUpLink(n, 31));
   const uintptr_t d = d_, ld = ld_;
@@ -70,7 +72,7 @@ TEST_P(DeviceFailure, DeregistrationDuringTransfersWaitsAndNothingLandsAfter) {
   HIXL_ASSERT_OK(e_.FreeMem(mine_));
 }
 
-TEST_P(DeviceFailure, TargetKilledDuringSlowDeviceCopies) {
+TEST_P(DeviceLinks, TargetKilledDuringSlowDeviceCopies) {
   SKIP_ON_REAL_DRIVER();
   const size_t n = 4u << 20;
   ASSERT_NO_FATAL_FAILURE(SetUpLink(n, 41));
@@ -102,7 +104,69 @@ TEST_P(DeviceFailure, TargetKilledDuringSlowDeviceCopies) {
   HIXL_ASSERT_OK(e_.FreeMem(mine_));
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, DeviceFailure, ::testing::Values("SHM", "TCP"),
+TEST_P(DeviceLinks, TransfersWaitForTheApplicationsStream) {
+  SKIP_ON_REAL_DRIVER();
+  const size_t n = 1u << 20;
+  ASSERT_NO_FATAL_FAILURE(SetUpLink(n, 51));
+  const uintptr_t d = d_, ld = ld_;
+  auto& cuda = TestCuda::Get();
+  void* app = cuda.NewStream();
+  ASSERT_NE(app, nullptr);
+  hixl::TransferArgs args;
+  args.stream = app;
+  struct DelayOff {
+    ~DelayOff() { SetCopyDelayUs(0); }
+  } delay_off;
+
+  // The application's stream writes new bytes into ld, slowly (300 ms); a
+  // WRITE posted right after, with the stream, sends those bytes.
+  std::vector<unsigned char> fresh(n);
+  hixl_test::FillPattern(fresh.data(), n, 52);
+  SetCopyDelayUs(300000);
+  ASSERT_TRUE(cuda.CopyAsync(reinterpret_cast<void*>(ld), fresh.data(), n, app));
+  HIXL_ASSERT_OK(e_.TransferSync(peer_.engine(), TransferOp::WRITE, {{ld, d, n}}, args, 10000));
+  SetCopyDelayUs(0);
+  EXPECT_EQ(peer_.Hash("d", 0, n), PatternHash(n, 52));
+
+  // The stream still reads ld (slowly) when a READ into ld is posted with
+  // it: the READ's bytes land only after that read.
+  ASSERT_TRUE(peer_.Ok("fillpat d 54"));
+  std::vector<unsigned char> snap(n, 0);
+  SetCopyDelayUs(300000);
+  ASSERT_TRUE(cuda.CopyAsync(snap.data(), reinterpret_cast<void*>(ld), n, app));
+  HIXL_ASSERT_OK(e_.TransferSync(peer_.engine(), TransferOp::READ, {{ld, d, n}}, args, 10000));
+  SetCopyDelayUs(0);
+  ASSERT_TRUE(cuda.Sync(app));
+  EXPECT_EQ(Hash(snap.data(), n), PatternHash(n, 52));
+  EXPECT_EQ(DevHash(ld, n), PatternHash(n, 54));
+
+  // Host memory as the local side: the calling thread waits for the stream
+  // (copying ld into it) before the CPU reads it.
+  std::vector<unsigned char> host(n, 0);
+  SetCopyDelayUs(300000);
+  ASSERT_TRUE(peer_.Ok("fill d 0"));
+  ASSERT_TRUE(cuda.CopyAsync(host.data(), reinterpret_cast<void*>(ld), n, app));
+  HIXL_ASSERT_OK(e_.TransferAsync(peer_.engine(), TransferOp::WRITE,
+                                  {{reinterpret_cast<uintptr_t>(host.data()), d, n}}, args, req_));
+  SetCopyDelayUs(0);
+  hixl::TransferStatus st = hixl::TransferStatus::WAITING;
+  ASSERT_TRUE(Eventually(
+      [&] { return e_.GetTransferStatus(req_, st).ok() && st != hixl::TransferStatus::WAITING; },
+      10000));
+  EXPECT_EQ(st, hixl::TransferStatus::COMPLETED);
+  EXPECT_EQ(peer_.Hash("d", 0, n), PatternHash(n, 54));
+
+  // A stream that is not one: refused, nothing moves.
+  args.stream = reinterpret_cast<void*>(uintptr_t{0xdead0});
+  hixl::Status s = e_.TransferSync(peer_.engine(), TransferOp::WRITE, {{ld, d, n}}, args, 1000);
+  EXPECT_EQ(s.code(), StatusCode::kParamInvalid) << s.ToString();
+  EXPECT_NE(s.message().find("TransferArgs.stream"), std::string::npos) << s.ToString();
+  EXPECT_EQ(peer_.Hash("d", 0, n), PatternHash(n, 54));
+  EXPECT_TRUE(cuda.DestroyStream(app));
+  HIXL_ASSERT_OK(e_.FreeMem(mine_));
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, DeviceLinks, ::testing::Values("SHM", "TCP"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });
