@@ -50,7 +50,7 @@ struct Context {
 };
 
 // The calling thread's current context (cuCtxSetCurrent).
-extern thread_local Context* t_current;
+extern __attribute__((tls_model("initial-exec"))) thread_local Context* t_current;
 
 inline CUcontext ToHandle(Context* c) { return reinterpret_cast<CUcontext>(c); }
 
