@@ -350,7 +350,9 @@ TEST_P(AsyncRequestTest, AnEndReportedByAPollInTheRaceIsAlsoReleased) {
     Status why;
     while (st == TransferStatus::WAITING && std::chrono::steady_clock::now() < deadline) {
       HIXL_ASSERT_OK(engine_.GetTransferStatus(req, st, why));
-      if (st == TransferStatus::WAITING) EXPECT_TRUE(why.ok()) << why.ToString();
+      if (st == TransferStatus::WAITING) {
+        EXPECT_TRUE(why.ok()) << why.ToString();
+      }
     }
     ASSERT_EQ(st, TransferStatus::COMPLETED) << "round " << r << ": " << why.ToString();
     TransferStatus again = TransferStatus::WAITING;
