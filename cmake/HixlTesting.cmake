@@ -10,6 +10,10 @@
 #     at the end of a run); tests holding the same RESOURCE_LOCK never run
 #     side by side (suites that load the whole machine).
 #
+#     The target's C++ sources also get the precompiled GoogleTest and
+#     standard headers of hixl_test_pch (HIXL_TEST_PCH, on by default): parsing
+#     them took about 2.5 s of each test file's compile time.
+#
 #   hixl_label_directory_tests()
 #     Adds the transport labels to the tests this directory registered with
 #     add_test() (called at the end of its CMakeLists.txt).
@@ -23,11 +27,36 @@ include(GoogleTest)
 include(${CMAKE_CURRENT_LIST_DIR}/HixlTestLabels.cmake)
 set(HIXL_TEST_LABELS_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/HixlTestLabels.cmake)
 
+option(HIXL_TEST_PCH "Precompile GoogleTest and the standard headers once for all test programs" ON)
+
+# The one precompiled header every gtest program reuses. An executable, so that
+# it is compiled with the same code-model flags (-fPIE) as the programs that
+# reuse it; GCC ignores a header built with other flags (-Winvalid-pch says so).
+function(hixl_test_pch_target)
+  if(TARGET hixl_test_pch)
+    return()
+  endif()
+  find_package(GTest REQUIRED)
+  set(main ${PROJECT_BINARY_DIR}/hixl_test_pch_main.cc)
+  file(WRITE ${main} "int main() { return 0; }\n")
+  add_executable(hixl_test_pch ${main})
+  target_link_libraries(hixl_test_pch PRIVATE GTest::gtest)
+  target_precompile_headers(hixl_test_pch PRIVATE
+    <gtest/gtest.h> <algorithm> <atomic> <chrono> <condition_variable> <cstdint>
+    <cstring> <functional> <map> <memory> <mutex> <set> <string> <thread>
+    <unordered_map> <vector>)
+endfunction()
+
 function(hixl_discover_tests target)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT;COST;RESOURCE_LOCK" "LABELS")
   if(NOT arg_TIMEOUT OR NOT arg_LABELS OR arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "hixl_discover_tests(${target} TIMEOUT SECONDS LABELS LABEL... "
                         "[COST N] [RESOURCE_LOCK NAME])")
+  endif()
+  if(HIXL_TEST_PCH)
+    hixl_test_pch_target()
+    target_precompile_headers(${target} REUSE_FROM hixl_test_pch)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Winvalid-pch>)
   endif()
   set(props TIMEOUT ${arg_TIMEOUT})
   if(arg_COST)
