@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +130,42 @@ TEST_F(DeviceTcp, FailedCopiesOnEitherSideEndFailedAndTheLinkGoesOn) {
   EXPECT_EQ(peer_.Hash("d", 0, n), Hash(host.data(), n));
   HIXL_ASSERT_OK(Move(TransferOp::READ, {{ld, d, n}}));
   EXPECT_EQ(DevHash(ld, n), Hash(host.data(), n));
+  HIXL_ASSERT_OK(e_.FreeMem(mine));
+}
+
+// Thousands of small device pieces in one WRITE, each copied out of the
+// device under the lane's lock: the lane lets go of the lock every few
+// pieces, so the control thread's health poll (which takes it) keeps the
+// link's heartbeats going. Held for the whole transfer, the lock stopped
+// them for longer than the peer waits (here 3 x 100 ms): the link dropped.
+TEST_F(DeviceTcp, ManySmallDevicePiecesKeepTheLinksHeartbeats) {
+  SKIP_ON_REAL_DRIVER();
+  constexpr size_t kPiece = 512, kPieces = 3000, n = kPiece * kPieces;
+  const uintptr_t ph = Num(peer_.Send("reg ph " + std::to_string(n)));
+  ASSERT_NE(ph, 0u);
+  Link("TCP", {{hixl::options::kHeartbeatIntervalMs, "100"}});
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+  ASSERT_TRUE(DevFillPattern(ld, n, 21));
+  // Piece i of the device lands at the mirrored place of the peer's memory
+  // (no two neighbours meet, so nothing merges them).
+  std::vector<hixl::TransferOpDesc> d;
+  for (size_t i = 0; i < kPieces; ++i) {
+    d.push_back({ld + i * kPiece, ph + (kPieces - 1 - i) * kPiece, kPiece});
+  }
+  SetCopyDelayUs(300);  // this process's copies: 3000 x 0.3 ms = 0.9 s of staging
+  hixl::Status s = e_.TransferSync(peer_.engine(), TransferOp::WRITE, d, 20000);
+  SetCopyDelayUs(0);
+  HIXL_ASSERT_OK(s);
+  std::vector<unsigned char> want(n), got(n);
+  hixl_test::FillPattern(want.data(), n, 21);
+  for (size_t i = 0; i < kPieces; ++i) {
+    std::memcpy(got.data() + (kPieces - 1 - i) * kPiece, want.data() + i * kPiece, kPiece);
+  }
+  EXPECT_EQ(peer_.Hash("ph", 0, n), Hash(got.data(), n));
+  // The link is still up: a small transfer needs no reconnect.
+  HIXL_EXPECT_OK(Move(TransferOp::WRITE, {{ld, ph, kPiece}}));
   HIXL_ASSERT_OK(e_.FreeMem(mine));
 }
 

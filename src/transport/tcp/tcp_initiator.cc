@@ -58,6 +58,7 @@ bool ClientLane::Enqueue(std::vector<Piece>& pieces, bool claim_reader) {
 }
 
 void ClientLane::FlushLocked(Completions& done) {
+  size_t stages = 0, staged_bytes = 0;
   while (!sendq_.empty()) {
     // A transfer told to stop sends nothing more that it has not begun.
     while (!sendq_.empty() && sendq_.front().off == 0 && sendq_.front().t->StopRequested()) {
@@ -66,6 +67,14 @@ void ClientLane::FlushLocked(Completions& done) {
       sendq_.pop_front();
     }
     if (sendq_.empty()) break;
+    if (const Piece& f = sendq_.front(); f.hdr.op == kOpWrite && f.device >= 0 && !f.staged) {
+      if (stages >= kDeviceStagesPerFlush || staged_bytes >= kDeviceStage) {
+        SetEventsLocked(ReadEventsLocked() | EPOLLOUT);  // the loop thread goes on
+        return;
+      }
+      ++stages;
+      staged_bytes += f.len;
+    }
     if (!StageFront(done)) continue;
     iovec iov[kMaxIov];
     size_t n = 0;
@@ -104,6 +113,7 @@ void ClientLane::FlushLocked(Completions& done) {
         broken_reason_ = net::ErrnoStatus("tcp send to " + engine_, errno);
       }
       broken_ = true;
+      broken_seen_.store(true, std::memory_order_release);
       return;
     }
     size_t left = static_cast<size_t>(r);
@@ -149,6 +159,7 @@ void ClientLane::Fail(const Status& why) {
     if (!broken_) {
       broken_ = true;
       broken_reason_ = why;
+      broken_seen_.store(true, std::memory_order_release);
     }
   }
   drained_cv_.notify_all();
@@ -209,8 +220,11 @@ void ClientLane::FailNow() {
 void ClientLane::Poll() {
   Status why;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) return;
+    // A lane busy sending is making progress: its stopped transfers are
+    // looked at on a later tick, and the control thread never waits here
+    // (its heartbeats would wait with it).
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || broken_) return;
     bool waiting = false;
     for (const auto& p : inflight_) waiting = waiting || (p.t && p.t->StopRequested());
     if (!sendq_.empty() && sendq_.front().off > 0 && sendq_.front().t &&

@@ -61,6 +61,12 @@ constexpr size_t kMaxIov = 256;
 // target's WRITE payload and an initiator's READ reply are copied to the
 // device in steps of this size as they arrive).
 constexpr size_t kDeviceStage = 4u << 20;
+// An initiator stages at most this many device WRITE pieces (or kDeviceStage
+// bytes of them) per flush under its lane's lock; the loop thread goes on with
+// the rest. The control thread's health poll takes that lock: thousands of
+// small pieces copied one by one must not hold it for seconds (the link's
+// heartbeats would stop, and the peer would drop it).
+constexpr size_t kDeviceStagesPerFlush = 64;
 constexpr size_t kFairnessBytes = 8u << 20;  // per event, so lanes share a thread
 constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
 // Accepted data connections that have not sent a valid hello yet, at most.
@@ -302,9 +308,12 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   // is received by the loop thread as usual.
   void ReceiveAsCaller(const Transfer& t, std::chrono::microseconds spin, net::Deadline deadline);
   // Any thread: OK, or why the lane broke.
+  // Never waits for a lane busy sending (the control thread asks on every
+  // tick, between its heartbeats).
   Status Health() {
+    if (!broken_seen_.load(std::memory_order_acquire)) return Status::Ok();
     std::lock_guard<std::mutex> lock(mu_);
-    return broken_ ? broken_reason_ : Status::Ok();
+    return broken_reason_;
   }
 
  private:
@@ -338,6 +347,7 @@ class ClientLane : public std::enable_shared_from_this<ClientLane> {
   uint64_t loop_id_ = 0;
   bool registered_ = false;
   bool broken_ = false;
+  std::atomic<bool> broken_seen_{false};  // broken_, for Health without the lock
   bool draining_ = false;
   std::condition_variable drained_cv_;
   Status broken_reason_;
