@@ -141,7 +141,11 @@ struct ClusterInfo {
 };
 
 struct CacheDesc {
-  CachePlacement placement = CachePlacement::kHost;  // kDevice: accepted, host memory here
+  // kDevice: the tensors are CUDA device memory (HIXL_WITH_CUDA; the engine
+  // checks each address with the driver). Transfers read and write them on
+  // the device; the application makes the bytes final (synchronizes its
+  // stream) before it pulls, pushes or opens a layer's gate.
+  CachePlacement placement = CachePlacement::kHost;
   uint32_t num_tensors = 0;
   DataType data_type = DT_FLOAT16;
   std::vector<int64_t> shape;  // shape[0]: batch or block count; every dim > 0

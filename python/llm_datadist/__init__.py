@@ -17,7 +17,7 @@ The LLM-DataDist API::
     ret, rets = dd.link_clusters([cluster], timeout=3000)
     cm = dd.cache_manager
     desc = ldd.CacheDesc(num_tensors=2, shape=[64, 4096], data_type=ldd.DataType.DT_FLOAT16)
-    cache = cm.register_blocks_cache(desc, [k_array, v_array])      # numpy / torch / int
+    cache = cm.register_blocks_cache(desc, [k_array, v_array])      # numpy / torch (CPU or CUDA) / int
     cm.pull_blocks(ldd.BlocksCacheKey(1, model_id=0), cache, src_blocks=[3, 4], dst_blocks=[0, 1])
     dd.finalize()
 

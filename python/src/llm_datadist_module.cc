@@ -363,6 +363,20 @@ class DataDist {
                                                  std::to_string(bytes.value_or(0)) + " bytes)"));
       mems.push_back(std::move(m));
     }
+    // The placement follows the objects: CUDA tensors (and other
+    // __cuda_array_interface__ objects) are device memory, everything else
+    // (arrays, CPU tensors, HostMemory, ints) host memory. Placement.DEVICE,
+    // the published default, is kept only for device memory; HOST with a
+    // CUDA tensor and a mix of both are errors.
+    size_t on_device = 0;
+    for (const auto& m : mems) on_device += m->device() ? 1 : 0;
+    if (on_device != 0 && on_device != mems.size()) {
+      RaiseParam("the tensors of one cache are all CUDA memory or all host memory, not a mix");
+    }
+    if (on_device != 0 && desc.placement == ldd::CachePlacement::kHost) {
+      RaiseParam("placement is Placement.HOST but the tensors are CUDA memory");
+    }
+    desc.placement = on_device != 0 ? ldd::CachePlacement::kDevice : ldd::CachePlacement::kHost;
     ldd::RegisterCfg cfg;
     for (const auto& [p, r, mid] : keys) cfg.cache_keys.push_back({p, r, mid});
     cfg.lease_ms = lease_ms;

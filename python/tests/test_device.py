@@ -138,3 +138,74 @@ def test_stream_argument_is_checked(engines):
         with pytest.raises(hixl.HixlError):
             a.transfer_async(b.local_engine(), hixl.TransferOp.WRITE, desc, stream=bad)
     a.transfer_sync(b.local_engine(), hixl.TransferOp.WRITE, desc, stream=None)
+
+
+def test_llm_datadist_device_caches_move_blocks_over_tcp(engines):
+    """LLM-DataDist caches of device arrays: their placement follows the
+    objects (Placement.DEVICE), blocks move device -> device between two
+    instances, and the bytes are read back through a hixl engine."""
+    import llm_datadist as ldd
+    blocks, block_bytes, tensors = 16, 4096 + 32, 2
+    tbytes = blocks * block_bytes
+    store = engines()
+    base = store.alloc_mem(4 * tbytes + 4096, hixl.MemType.MEM_DEVICE)
+    src_addr = [base + i * tbytes for i in range(tensors)]
+    dst_addr = [base + (2 + i) * tbytes for i in range(tensors)]
+    # Fill the source tensors (host -> device through a reader engine).
+    reader, owner = engines(LinkType="TCP"), engines(LinkType="TCP")
+    owner.register_mem(DeviceArray(base, (4 * tbytes,)))
+    reader.connect(owner.local_engine(), timeout_ms=5000)
+    src_bytes = [pattern(tbytes, 10 + i) for i in range(tensors)]
+    for a, b in zip(src_addr, src_bytes):
+        reader.transfer_sync(owner.local_engine(), hixl.TransferOp.WRITE,
+                             [(int(b.ctypes.data), a, tbytes)], timeout_ms=10000)
+
+    cfg = '{"LinkType":"TCP"}'
+    prompt = ldd.LLMDataDist(ldd.LLMRole.PROMPT, cluster_id=1)
+    decoder = ldd.LLMDataDist(ldd.LLMRole.DECODER, cluster_id=2)
+    try:
+        pc = ldd.LLMConfig()
+        pc.listen_ip_info = "127.0.0.1:0"
+        pc.global_resource_config = cfg
+        prompt.init(pc.generate_options())
+        dc = ldd.LLMConfig()
+        dc.global_resource_config = cfg
+        decoder.init(dc.generate_options())
+        desc = ldd.CacheDesc(tensors, [blocks, block_bytes], ldd.DataType.DT_UINT8)
+        assert desc.placement == ldd.Placement.DEVICE
+        src = prompt.cache_manager.register_blocks_cache(
+            desc, [DeviceArray(a, (tbytes,)) for a in src_addr], ldd.BlocksCacheKey(1, 0))
+        dst = decoder.cache_manager.register_blocks_cache(
+            desc, [DeviceArray(a, (tbytes,)) for a in dst_addr])
+        assert src.tensor_addrs == src_addr and dst.tensor_addrs == dst_addr
+        # Placement.HOST for CUDA memory, and a mix of host and device, are refused.
+        with pytest.raises(ldd.LLMException) as ei:
+            decoder.cache_manager.register_blocks_cache(
+                ldd.CacheDesc(tensors, [blocks, block_bytes], ldd.DataType.DT_UINT8,
+                              ldd.Placement.HOST),
+                [DeviceArray(a, (tbytes,)) for a in dst_addr])
+        assert "CUDA memory" in str(ei.value)
+        with pytest.raises(ldd.LLMException) as ei:
+            decoder.cache_manager.register_blocks_cache(
+                desc, [DeviceArray(dst_addr[0], (tbytes,)), np.zeros(tbytes, dtype=np.uint8)])
+        assert "not a mix" in str(ei.value)
+
+        cluster = ldd.LLMClusterInfo()
+        cluster.remote_cluster_id = 1
+        host, port = prompt.local_address.rsplit(":", 1)
+        cluster.append_remote_ip_info(host, int(port))
+        ret, _ = decoder.link_clusters([cluster], timeout=5000)
+        assert ret == ldd.LLMStatusCode.LLM_SUCCESS
+        decoder.cache_manager.pull_blocks(ldd.BlocksCacheKey(1, 0), dst,
+                                          src_blocks=[1, 2, 3, 9], dst_blocks=[4, 5, 6, 0])
+        for i in range(tensors):
+            got = np.zeros(tbytes, dtype=np.uint8)
+            reader.transfer_sync(owner.local_engine(), hixl.TransferOp.READ,
+                                 [(int(got.ctypes.data), dst_addr[i], tbytes)], timeout_ms=10000)
+            want = src_bytes[i].reshape(blocks, block_bytes)
+            got = got.reshape(blocks, block_bytes)
+            for s, d in ((1, 4), (2, 5), (3, 6), (9, 0)):
+                assert np.array_equal(got[d], want[s]), (i, s, d)
+    finally:
+        decoder.finalize()
+        prompt.finalize()

@@ -514,29 +514,47 @@ Status LlmDataDist::Impl::Register(const CacheDesc& desc, const std::vector<uint
   auto undo = [&] {
     for (auto& k : taken) {
       auto it = regs_.find(k);
-      if (--it->second.second == 0) {
-        (void)engine_.DeregisterMem(it->second.first);
+      if (--it->second.refs == 0) {
+        (void)engine_.DeregisterMem(it->second.handle);
         regs_.erase(it);
       }
     }
   };
+  // kDevice: the tensors are CUDA device memory, registered as such (the
+  // engine checks every address with the driver and refuses host memory);
+  // sharing by mapping is for host memory only and does not apply.
+  const bool device = desc.placement == CachePlacement::kDevice;
   for (size_t i = 0; i < addrs.size(); ++i) {
     const uint64_t len = c->layout.tensor_bytes;
-    if (InsideAlloc(addrs[i], len)) continue;  // AllocHostMemory memory is registered
+    if (InsideAlloc(addrs[i], len)) {  // AllocHostMemory memory is registered
+      if (device) {
+        undo();
+        return ParamInvalid("RegisterKvCache: tensor " + std::to_string(i) +
+                            " is AllocHostMemory memory, placement is kDevice");
+      }
+      continue;
+    }
     auto key = std::make_pair(addrs[i], len);
     auto it = regs_.find(key);
+    if (it != regs_.end() && it->second.device != device) {
+      undo();
+      return ParamInvalid("RegisterKvCache: tensor " + std::to_string(i) +
+                          " is registered by another cache with the other placement");
+    }
     if (it == regs_.end()) {
       hixl::MemHandle h = 0;
-      hixl::Status s = engine_.RegisterMem(
-          {static_cast<uintptr_t>(addrs[i]), len}, hixl::MemType::MEM_HOST, h,
-          hixl::MEM_PERM_READ_WRITE, share_by_mapping_ ? hixl::REGISTER_SHARE_BY_MAPPING : 0u);
+      hixl::Status s =
+          engine_.RegisterMem({static_cast<uintptr_t>(addrs[i]), len},
+                              device ? hixl::MemType::MEM_DEVICE : hixl::MemType::MEM_HOST, h,
+                              hixl::MEM_PERM_READ_WRITE,
+                              share_by_mapping_ && !device ? hixl::REGISTER_SHARE_BY_MAPPING : 0u);
       if (!s.ok()) {
         undo();
         return FromHixl(s, "RegisterKvCache: tensor " + std::to_string(i));
       }
-      it = regs_.emplace(key, std::make_pair(h, 0)).first;
+      it = regs_.emplace(key, Registration{h, 0, device}).first;
     }
-    ++it->second.second;
+    ++it->second.refs;
     taken.push_back(key);
   }
   c->fence = PageAlloc(internal::kFenceBytes);
@@ -566,7 +584,7 @@ Status LlmDataDist::Impl::Register(const CacheDesc& desc, const std::vector<uint
   c->entry.blocks_model_id = cfg.blocks_model_id;
   c->key_pulled.assign(cfg.cache_keys.size(), false);
   c->handles.clear();
-  for (auto& k : taken) c->handles.push_back(regs_[k].first);
+  for (auto& k : taken) c->handles.push_back(regs_[k].handle);
   const int64_t lease = cfg.lease_ms > 0 ? cfg.lease_ms : default_lease_ms_;
   if (!cfg.cache_keys.empty() && lease > 0) {
     c->lease_ms = lease;
@@ -607,8 +625,8 @@ Status LlmDataDist::Impl::Unregister(int64_t cache_id) {
   for (size_t i = 0; i < c->entry.addrs.size(); ++i) {
     auto r = regs_.find({c->entry.addrs[i], c->layout.tensor_bytes});
     if (r == regs_.end()) continue;
-    if (--r->second.second == 0) {
-      (void)engine_.DeregisterMem(r->second.first);
+    if (--r->second.refs == 0) {
+      (void)engine_.DeregisterMem(r->second.handle);
       regs_.erase(r);
     }
   }

@@ -157,7 +157,12 @@ class LlmDataDist::Impl {
   mutable std::mutex mu_;
   std::map<int64_t, std::shared_ptr<LocalCache>> caches_;
   int64_t next_cache_id_ = 1;
-  std::map<std::pair<uint64_t, uint64_t>, std::pair<hixl::MemHandle, int>> regs_;  // (addr,len)
+  struct Registration {
+    hixl::MemHandle handle = 0;
+    int refs = 0;         // caches using it
+    bool device = false;  // registered as MEM_DEVICE (a kDevice cache)
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Registration> regs_;  // (addr,len)
   std::map<uint64_t, size_t> allocs_;  // AllocHostMemory: addr -> size
   std::deque<internal::ReleasedKey> released_;
   uint64_t version_ = 0;

@@ -1,12 +1,34 @@
 #include "transport/shm/shm_device.h"
 
+#include <unistd.h>
+
 #include <memory>
 
 #include "auth/auth.h"
+#include "common/host.h"
 #include "common/log.h"
 #include "device/cuda.h"
 
 namespace hixl::transport::shm {
+namespace {
+
+// This process among the engines on the host: 64 random bits, drawn again
+// in a child after fork. The driver refuses to open an IPC handle in the
+// process that exported it, so an engine linked to another engine of its
+// own process uses the peer's device pointers as they are.
+uint64_t ProcessToken() {
+  static std::mutex mu;
+  static pid_t pid = 0;
+  static uint64_t token = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pid != getpid()) {
+    pid = getpid();
+    token = host::RandomU64();
+  }
+  return token;
+}
+
+}  // namespace
 
 void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info) {
   std::string handle;
@@ -21,14 +43,16 @@ void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info) {
   info["off"] = static_cast<uint64_t>(r.addr - r.dev.base);
   info["size"] = static_cast<uint64_t>(r.dev.size);
   info["buf"] = r.dev.buffer_id;
+  info["proc"] = ProcessToken();
 }
 
 struct DeviceImports::Import {
   uintptr_t base = 0;
   int ordinal = -1;
   size_t size = 0;
+  bool own = false;  // the peer is this process: nothing was opened
   ~Import() {
-    if (base == 0) return;
+    if (base == 0 || own) return;
     if (Status s = device::IpcClose(base, ordinal); !s.ok()) {
       HIXL_LOG(WARN) << "shm: closing a peer's device memory: " << s.message();
     }
@@ -62,6 +86,28 @@ Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info) {
     if (imp && imp->size != size) {
       return Status::Failed(what + ": the peer named a buffer it described before with another "
                             "size");
+    }
+    uint64_t proc = 0;
+    if (!imp && wire::GetU64(*info, "proc", proc) && proc == ProcessToken()) {
+      // The peer is an engine of this process: its allocation is ours. The
+      // driver must agree, allocation and buffer id alike, before a byte of
+      // it is trusted.
+      auto fresh = std::make_shared<Import>();
+      fresh->own = true;
+      device::PtrInfo got;
+      const uintptr_t base = r.addr - off;
+      Status q = device::Query(base, got);
+      if (!q.ok() || !got.device || got.base != base || got.size != size || got.buffer_id != buf ||
+          got.uuid != uuid) {
+        return Status::Failed(what +
+                              ": the peer, in this process, described an allocation the "
+                              "driver does not know");
+      }
+      fresh->base = base;
+      fresh->ordinal = got.ordinal;
+      fresh->size = static_cast<size_t>(size);
+      by_buffer_[buf] = fresh;
+      imp = std::move(fresh);
     }
     if (!imp) {
       auto fresh = std::make_shared<Import>();

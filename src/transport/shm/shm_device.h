@@ -1,7 +1,9 @@
 // The shm transport's part for CUDA device memory (device/cuda.h): a target
 // describes a device region by a legacy IPC handle of its allocation; an
 // initiator opens each allocation once per link (DeviceImports) and copies
-// with the driver wherever either side is device memory. Local device memory
+// with the driver wherever either side is device memory. Two engines of one
+// process use each other's device pointers directly (the driver opens no IPC
+// handle in the process that exported it), once the driver confirms them. Local device memory
 // and peer host memory that is not mapped here go through a host buffer on
 // the calling thread (StagedCma).
 // Thread safety: DeviceImports is thread-safe; the functions touch only what
