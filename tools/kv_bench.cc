@@ -2,7 +2,7 @@
 // processes, each beside the engine's own batched transfer of the same bytes
 // (the same descriptors, through a plain hixl::Hixl pair) in the same run.
 //
-//   hixl-kv-bench [--transport shm|tcp] [--reps R] [--verify] [--table]
+//   hixl-kv-bench [--transport shm|tcp] [--mem host|cuda] [--reps R] [--verify] [--table]
 //
 // Cases: a model-shaped cache (32 layers x K,V; a block is 16 tokens x 8 KV
 // heads x 128 dims x 2 bytes = 32 KiB per tensor) with 1, 64 and 256 blocks,
@@ -10,6 +10,9 @@
 // contiguous block tables; pull (READ) and push (WRITE). Runs interleave
 // ours and the baseline (A B A B ...); medians are reported. For the 10^5
 // case it also reports the time to build the descriptors (merge runs).
+// --mem cuda: both sides' caches are CUDA device memory (CachePlacement::
+// kDevice; the driver HIXL_CUDA_DRIVER names, default libcuda.so.1), and the
+// baseline moves the same device memory through the engine.
 // Output: one JSON line per case on stdout; --table adds a table on stderr.
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "datadist/layout.h"
+#include "device/driver_client.h"
 #include "hixl/hixl.h"
 #include "llm_datadist/llm_datadist.h"
 
@@ -67,21 +71,48 @@ struct Side {
   int64_t cache_id = 0;
 };
 
-Side MakeCache(LlmDataDist& dd, hixl::Hixl& raw, const Shape& s, uint8_t seed) {
+hixl::device::DriverClient& Cuda() {
+  auto& c = hixl::device::DriverClient::Get();
+  if (!c.ok()) Die("--mem cuda: " + c.error());
+  return c;
+}
+
+// Bytes [off, off + n) of a cache tensor, wherever it lies.
+void ReadTensor(bool device, const void* tensor, size_t off, size_t n, void* out) {
+  const auto* p = static_cast<const uint8_t*>(tensor) + off;
+  if (!device) {
+    std::memcpy(out, p, n);
+  } else if (!Cuda().Copy(out, p, n)) {
+    Die("--mem cuda: reading device memory failed");
+  }
+}
+
+Side MakeCache(LlmDataDist& dd, hixl::Hixl& raw, const Shape& s, uint8_t seed, bool device) {
   Side side;
   const size_t bytes = static_cast<size_t>(s.blocks) * s.block_elems * 2;
+  std::vector<uint8_t> fill;
   for (uint32_t t = 0; t < s.tensors; ++t) {
-    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    void* p = nullptr;
+    if (device) {
+      p = reinterpret_cast<void*>(Cuda().Alloc(bytes));
+      fill.assign(bytes, 0);
+    } else {
+      p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    }
     if (p == nullptr) Die("out of memory");
-    auto* b = static_cast<uint8_t*>(p);
+    auto* b = device ? fill.data() : static_cast<uint8_t*>(p);
     for (size_t i = 0; i < bytes; i += 64) b[i] = static_cast<uint8_t>(seed + t + i / 4096);
+    if (device && !Cuda().Copy(p, fill.data(), bytes))
+      Die("--mem cuda: filling device memory failed");
     side.tensors.push_back(p);
     side.addrs.push_back(reinterpret_cast<uint64_t>(p));
     hixl::MemHandle h;
-    CheckH(raw.RegisterMem({reinterpret_cast<uintptr_t>(p), bytes}, hixl::MemType::MEM_HOST, h),
+    CheckH(raw.RegisterMem({reinterpret_cast<uintptr_t>(p), bytes},
+                           device ? hixl::MemType::MEM_DEVICE : hixl::MemType::MEM_HOST, h),
            "baseline RegisterMem");
   }
   CacheDesc d;
+  d.placement = device ? CachePlacement::kDevice : CachePlacement::kHost;
   d.num_tensors = s.tensors;
   d.data_type = DT_FLOAT16;
   d.shape = {s.blocks, s.block_elems};
@@ -91,7 +122,7 @@ Side MakeCache(LlmDataDist& dd, hixl::Hixl& raw, const Shape& s, uint8_t seed) {
 
 // The owner process: registers both caches, prints its addresses, then waits
 // for its stdin to close.
-[[noreturn]] void Owner(int out_fd, const std::string& link) {
+[[noreturn]] void Owner(int out_fd, const std::string& link, bool device) {
   std::map<std::string, std::string> eo{{"LinkType", link}};
   LlmDataDist dd(1, LlmRole::kPrompt);
   Check(dd.Initialize({{options::kListenIpInfo, "127.0.0.1:0"},
@@ -101,7 +132,7 @@ Side MakeCache(LlmDataDist& dd, hixl::Hixl& raw, const Shape& s, uint8_t seed) {
   CheckH(raw.Initialize("127.0.0.1:0", eo), "owner engine");
   std::string msg = dd.LocalAddress() + " " + raw.LocalEngine();
   for (const Shape* s : {&kModel, &kMany}) {
-    Side side = MakeCache(dd, raw, *s, 7);
+    Side side = MakeCache(dd, raw, *s, 7, device);
     msg += " " + std::to_string(side.cache_id);
     for (uint64_t a : side.addrs) msg += " " + std::to_string(a);
   }
@@ -117,6 +148,7 @@ Side MakeCache(LlmDataDist& dd, hixl::Hixl& raw, const Shape& s, uint8_t seed) {
 
 struct Options {
   std::string link = "SHM";
+  bool device = false;  // --mem cuda
   int reps = 5;
   bool verify = false;
   bool table = false;
@@ -133,6 +165,14 @@ int main(int argc, char** argv) {
       if (t == "shm") o.link = "SHM";
       else if (t == "tcp") o.link = "TCP";
       else Die("--transport: shm or tcp");
+    } else if (a == "--mem" && i + 1 < argc) {
+      std::string m = argv[++i];
+      if (m == "host")
+        o.device = false;
+      else if (m == "cuda")
+        o.device = true;
+      else
+        Die("--mem: host or cuda");
     } else if (a == "--reps" && i + 1 < argc) {
       o.reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--verify") {
@@ -140,7 +180,9 @@ int main(int argc, char** argv) {
     } else if (a == "--table") {
       o.table = true;
     } else {
-      std::fprintf(stderr, "usage: hixl-kv-bench [--transport shm|tcp] [--reps R] [--verify] [--table]\n");
+      std::fprintf(stderr,
+                   "usage: hixl-kv-bench [--transport shm|tcp] [--mem host|cuda] [--reps R] "
+                   "[--verify] [--table]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -152,7 +194,7 @@ int main(int argc, char** argv) {
     dup2(to_child[0], 0);
     close(to_child[1]);
     close(from_child[0]);
-    Owner(from_child[1], o.link);
+    Owner(from_child[1], o.link, o.device);
   }
   close(to_child[0]);
   close(from_child[1]);
@@ -193,7 +235,7 @@ int main(int argc, char** argv) {
   std::vector<Status> rets;
   Check(dd.LinkLlmClusters({ci}, rets, 5000), "LinkLlmClusters");
   std::vector<Side> local;
-  for (const Shape* s : {&kModel, &kMany}) local.push_back(MakeCache(dd, raw, *s, 99));
+  for (const Shape* s : {&kModel, &kMany}) local.push_back(MakeCache(dd, raw, *s, 99, o.device));
 
   if (o.table) {
     std::fprintf(stderr, "%-5s %-6s %-5s %7s %-6s %9s %9s %9s %7s %9s\n", "link", "cache", "op",
@@ -272,7 +314,7 @@ int main(int argc, char** argv) {
         // (read back through the baseline engine).
         Check(dd.PullKvBlocks(theirs, mine, src, dst), "verify pull");
         const size_t bb = static_cast<size_t>(s.block_elems) * 2;
-        std::vector<uint8_t> back(bb);
+        std::vector<uint8_t> back(bb), mine_now(bb);
         for (int64_t i = 0; i < std::min<int64_t>(c.blocks, 64); ++i) {
           uint32_t t = static_cast<uint32_t>(i % s.tensors);
           CheckH(raw.TransferSync(raw_addr, hixl::TransferOp::READ,
@@ -280,8 +322,8 @@ int main(int argc, char** argv) {
                                     remote[c.cache].addrs[t] + src[i] * bb, bb}},
                                   5000),
                  "verify read");
-          if (std::memcmp(back.data(), static_cast<uint8_t*>(local[c.cache].tensors[t]) + dst[i] * bb,
-                          bb) != 0) {
+          ReadTensor(o.device, local[c.cache].tensors[t], dst[i] * bb, bb, mine_now.data());
+          if (std::memcmp(back.data(), mine_now.data(), bb) != 0) {
             Die("verify: block " + std::to_string(i) + " differs");
           }
         }
@@ -290,15 +332,17 @@ int main(int argc, char** argv) {
       const double ours_ms = Median(ours), base_ms = Median(base);
       const double ours_gbps = bytes / (ours_ms * 1e6), base_gbps = bytes / (base_ms * 1e6);
       std::printf(
-          "{\"bench\":\"kv\",\"transport\":\"%s\",\"cache\":\"%s\",\"op\":\"%s\",\"blocks\":%lld,"
+          "{\"bench\":\"kv\",\"transport\":\"%s\",\"mem\":\"%s\",\"cache\":\"%s\",\"op\":\"%s\","
+          "\"blocks\":%lld,"
           "\"table\":\"%s\",\"tensors\":%u,\"block_size\":%lld,\"batch_size\":%zu,\"bytes\":%.0f,"
           "\"iters\":%d,\"ms\":%.3f,\"gbps\":%.3f,\"baseline\":\"engine_batched\","
           "\"baseline_ms\":%.3f,\"baseline_gbps\":%.3f,\"ratio\":%.3f,\"build_ms\":%.3f,"
           "\"verified\":%s}\n",
-          o.link == "SHM" ? "shm" : "tcp", s.name, pull ? "pull" : "push",
-          static_cast<long long>(c.blocks), c.random ? "random" : "contiguous", s.tensors,
-          static_cast<long long>(s.block_elems * 2), descs.size(), bytes, o.reps, ours_ms,
-          ours_gbps, base_ms, base_gbps, base_ms / ours_ms, Median(build_ms),
+          o.link == "SHM" ? "shm" : "tcp", o.device ? "cuda" : "host", s.name,
+          pull ? "pull" : "push", static_cast<long long>(c.blocks),
+          c.random ? "random" : "contiguous", s.tensors, static_cast<long long>(s.block_elems * 2),
+          descs.size(), bytes, o.reps, ours_ms, ours_gbps, base_ms, base_gbps, base_ms / ours_ms,
+          Median(build_ms),
           o.verify && pull ? "true" : "null");  // pushes are not read back
       std::fflush(stdout);
       if (o.table) {
