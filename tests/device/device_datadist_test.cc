@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "datadist/dd_harness.h"  // LLM_ASSERT_OK, LLM_EXPECT_CODE
 #include "device/device_common.h"
 #include "llm_datadist/llm_datadist.h"
 
@@ -19,17 +20,6 @@ namespace hixl_device_test {
 namespace {
 
 namespace ld = llm_datadist;
-
-#define LLM_ASSERT_OK(expr)                                           \
-  do {                                                                \
-    const ::llm_datadist::Status llm_s_ = (expr);                     \
-    ASSERT_TRUE(llm_s_.ok()) << #expr << " -> " << llm_s_.ToString(); \
-  } while (0)
-#define LLM_EXPECT_CODE(code_, expr)                                           \
-  do {                                                                         \
-    const ::llm_datadist::Status llm_s_ = (expr);                              \
-    EXPECT_EQ(llm_s_.code(), (code_)) << #expr << " -> " << llm_s_.ToString(); \
-  } while (0)
 
 constexpr uint32_t kTensors = 4;  // two layers of K and V
 constexpr size_t kBlocks = 32;
