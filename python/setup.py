@@ -60,7 +60,7 @@ setup(
     name="hixl",
     version=project_version(),
     description="One-sided KV-cache transfers (hixl) and the LLM-DataDist KV-cache layer",
-    packages=["hixl", "llm_datadist"],
+    packages=["hixl", "llm_datadist", "llm_datadist.vllm_connector"],
     package_dir={"": "."},
     ext_modules=[Extension("hixl._hixl", sources=[]), Extension("llm_datadist._llm_datadist", sources=[])],
     cmdclass={"build_ext": CMakeBuild},

@@ -3,6 +3,8 @@
 #   setup     Debian packages (scripts/setup.sh --fuzz)
 #   release   release build with the Python modules; every test, pytest included
 #   pip       `pip install ./python` into a fresh venv, then the installed packages move bytes
+#   vllm      the vLLM connector against vLLM from PyPI (scripts/vllm-env.sh makes
+#             build/vllm-venv, in the background from the start of the release stage)
 #   asan      AddressSanitizer+UBSan build; every test
 #   tsan      ThreadSanitizer build; every test
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
 
-all_stages=(setup release pip asan tsan fuzz package)
+all_stages=(setup release pip vllm asan tsan fuzz package)
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
 for s in "${stages[@]}"; do
@@ -51,7 +53,23 @@ summary() {
   done
   printf '%-10s %8d\n' total $(($(date +%s) - t_all))
 }
-trap summary EXIT
+# The vLLM environment is mostly downloads: it is made in the background while
+# the release build compiles, and the vllm stage waits for it.
+vllm_env_pid=""
+start_vllm_env() {
+  if want vllm && [ -z "$vllm_env_pid" ]; then
+    mkdir -p build
+    bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 &
+    vllm_env_pid=$!
+  fi
+}
+on_exit() {
+  local rc=$?
+  [ -n "$vllm_env_pid" ] && kill "$vllm_env_pid" 2>/dev/null
+  (exit $rc)
+  summary
+}
+trap on_exit EXIT
 begin() { current="$1"; t_stage=$(date +%s); echo; echo "=== stage $1: $2 ==="; }
 end() {
   local secs=$(($(date +%s) - t_stage))
@@ -81,7 +99,8 @@ if want setup; then
   end
 fi
 
-if want release || want package; then
+if want release || want package || want vllm; then
+  start_vllm_env
   begin release "release build with the Python modules, every test"
   HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3 ${HIXL_CMAKE_ARGS:-}" \
     bash scripts/build.sh release
@@ -92,6 +111,20 @@ fi
 if want pip; then
   begin pip "pip install ./python into a fresh venv, then use the installed packages"
   timeout 900 bash tests/python_packaging/pip_install_test.sh "$root" "$root/build/pip-test"
+  end
+fi
+
+if want vllm; then
+  begin vllm "the vLLM connector against vLLM from PyPI, two engines in real processes"
+  start_vllm_env
+  if ! wait "$vllm_env_pid"; then
+    cat build/vllm-env.log; echo "vllm: scripts/vllm-env.sh failed"; exit 1
+  fi
+  vllm_env_pid=""
+  tail -1 build/vllm-env.log
+  (cd python/tests/vllm && PYTHONPATH="$root/build/python" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
+    timeout 900 "$root/build/vllm-venv/bin/python" -m pytest -q -p no:cacheprovider \
+    --durations=5 test_vllm_connector.py)
   end
 fi
 

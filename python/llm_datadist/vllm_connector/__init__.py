@@ -1,0 +1,184 @@
+"""HixlConnector: a vLLM KV connector (v1) over LLM-DataDist and the hixl
+engine, for prefill/decode disaggregation. Load it without changing vLLM::
+
+    --kv-transfer-config '{"kv_connector": "HixlConnector",
+                           "kv_connector_module_path": "llm_datadist.vllm_connector",
+                           "kv_role": "kv_producer",          # prefill; decode: kv_consumer
+                           "kv_connector_extra_config": {"transport": "tcp"}}'
+
+The decode reads the prompt's KV blocks from the prefill's memory (one-sided
+reads; the prefill's application takes no part); the read's completion event,
+raised on the prefill after the data, frees the prefill's blocks, and a lease
+(lease_ms) frees them if no decode ever reads. Metadata travels in vLLM's
+kv_transfer_params (docs/VLLM.md); links between workers are made on first
+use and kept. Options (kv_connector_extra_config) are in _common.DEFAULTS.
+
+Thread safety: vLLM calls the scheduler role from its scheduler thread and the
+worker role from its model-runner thread; reads run on the worker's own pool
+and events on an LLM-DataDist thread, guarded inside."""
+import dataclasses
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                               KVConnectorHandshakeMetadata,
+                                                               KVConnectorMetadata,
+                                                               KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from . import _common
+from ._common import ConfigError  # noqa: F401
+
+__all__ = ["HixlConnector", "HixlConnectorMetadata", "HixlHandshakeMetadata", "HixlStats",
+           "ConfigError"]
+
+_log = logging.getLogger("llm_datadist.vllm_connector")
+
+
+@dataclasses.dataclass
+class HixlConnectorMetadata(KVConnectorMetadata):
+    """One step's orders from the scheduler role to the workers.
+    reqs_to_recv: request id -> (RemoteSpec, local blocks, remote blocks,
+    whether vLLM waits for it); reqs_to_send: request id -> (transfer id,
+    lease end) of prefill requests whose blocks wait for a decode's read."""
+    reqs_to_recv: dict = dataclasses.field(default_factory=dict)
+    reqs_to_send: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):
+    """What a worker tells the scheduler role: its engine's address, its
+    cluster id, its tensor-parallel rank and its KV layout."""
+    address: str
+    cluster_id: int
+    tp_rank: int
+    layout: dict
+
+
+@dataclasses.dataclass
+class HixlStats(KVConnectorStats):
+    """Counts since the last report: reads (and their blocks), failed reads,
+    releases without data, prefill leases that ended unread."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+def _tp(vllm_config):
+    size = vllm_config.parallel_config.tensor_parallel_size
+    if size == 1:
+        return 0, 1
+    from vllm.distributed import parallel_state
+    return parallel_state.get_tensor_model_parallel_rank(), size
+
+
+class HixlConnector(KVConnectorBase_V1):
+    """The connector; vLLM builds one per role."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = self._kv_transfer_config
+        if ktc.kv_role not in ("kv_producer", "kv_consumer", "kv_both"):
+            raise ConfigError("HixlConnector: kv_role must be kv_producer, kv_consumer or "
+                              "kv_both, got %r" % (ktc.kv_role,))
+        self._opts = _common.options(ktc.kv_connector_extra_config)
+        self._engine_id = str(ktc.engine_id)
+        self._sched = self._worker = None
+        tp_rank, tp_size = _tp(vllm_config)
+        if role == KVConnectorRole.SCHEDULER:
+            from ._scheduler import Scheduler
+            self._sched = Scheduler(self._opts, self._engine_id,
+                                    vllm_config.cache_config.block_size, tp_size)
+        else:
+            from ._worker import Worker
+            if kv_cache_config is None:
+                raise ConfigError("HixlConnector: the worker role needs the KV cache config")
+            groups = kv_cache_config.kv_cache_groups
+            if len(groups) != 1:
+                raise ConfigError("HixlConnector: %d KV cache groups (a hybrid model); one group "
+                                  "is supported" % len(groups))
+            self._worker = Worker(self._opts, self._engine_id, ktc.kv_role, tp_rank, tp_size,
+                                  kv_cache_config.num_blocks, groups[0].layer_names)
+
+    # ------------------------------------------------------------ worker role
+    def register_kv_caches(self, kv_caches):
+        self._worker.register_kv_caches(kv_caches)
+
+    def get_handshake_metadata(self):
+        if self._worker is None or self._worker._layout is None:
+            return None
+        h = self._worker.handshake()
+        return HixlHandshakeMetadata(h["address"], h["cluster_id"], h["tp_rank"], h["layout"])
+
+    def start_load_kv(self, forward_context, **kwargs: Any):
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HixlConnectorMetadata)
+        self._worker.start(meta)
+
+    def wait_for_layer_load(self, layer_name):
+        """Reads finish before vLLM schedules the request (it waits in
+        WAITING_FOR_REMOTE_KVS): nothing to wait for inside the forward."""
+        return
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any):
+        """Decode reads the prefill's blocks; the prefill saves nothing."""
+        return
+
+    def wait_for_save(self):
+        return
+
+    def get_finished(self, finished_req_ids):
+        sent, recv = self._worker.finished()
+        return (sent or None), (recv or None)
+
+    def get_transfer_results(self, finished_req_ids):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+        sent, recv = self._worker.finished()
+        return KVConnectorTransferResults(finished_sending=sent, finished_recving=recv,
+                                          failed_recving=self._worker.failed_recv())
+
+    def get_block_ids_with_load_errors(self):
+        return self._worker.load_errors()
+
+    def get_kv_connector_stats(self):
+        if self._worker is None:
+            return None
+        s = HixlStats(data=self._worker.take_stats())
+        return None if s.is_empty() else s
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return HixlStats(data=dict(data or {}))
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # --------------------------------------------------------- scheduler role
+    def set_xfer_handshake_metadata(self, metadata):
+        self._sched.set_handshake({r: dataclasses.asdict(m) if dataclasses.is_dataclass(m) else m
+                                   for r, m in metadata.items()})
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        recv, send = self._sched.build_meta()
+        return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send)
+
+    def request_finished(self, request, block_ids):
+        return self._sched.request_finished(request, block_ids)

@@ -1,0 +1,152 @@
+"""Shared pieces of the vLLM connector: options, identities, the wire form of
+kv_transfer_params, and the notification tags.
+
+Nothing here imports vLLM; the scheduler and worker parts do."""
+import hashlib
+import time
+
+# kv_connector_extra_config keys and their defaults.
+DEFAULTS = {
+    "listen_host": "127.0.0.1",   # the worker engine's address (decode reads from it)
+    "listen_port": 0,             # 0: any free port; N: tensor-parallel rank r listens on N + r
+    "transport": "",              # "", "shm", "tcp" or "ucx" (llm_datadist transfer_backend)
+    "lease_ms": 120000,           # prefill blocks are freed this long after the prefill ended,
+                                  # when no decode read them (the backstop of the notification)
+    "link_timeout_ms": 3000,      # making a link to a prefill worker
+    "transfer_workers": 4,        # threads that run the reads of the decode side
+}
+
+# Notification tags: a read of a prefill worker's cache carries
+# TAG + transfer id; the prefill worker frees the request's blocks on it.
+TAG = "hvc1 "
+
+# The model id of the caches: KV blocks, and the one-block "mailbox" a decode
+# reads to release a prefill request without taking its data.
+KV_MODEL_ID = 0
+MAILBOX_MODEL_ID = 1
+MAILBOX_BYTES = 64
+
+# The version of the "hixl" entry of kv_transfer_params.
+PARAMS_VERSION = 1
+
+
+class ConfigError(ValueError):
+    """A kv_connector_extra_config value that cannot be used."""
+
+
+def options(extra):
+    """The connector's options: DEFAULTS overlaid with kv_connector_extra_config.
+    Unknown keys and values of the wrong type raise ConfigError, naming them."""
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError("HixlConnector: unknown kv_connector_extra_config key(s) %s; known: %s"
+                          % (unknown, sorted(DEFAULTS)))
+    out = dict(DEFAULTS)
+    for k, v in extra.items():
+        want = type(DEFAULTS[k])
+        if want is int:
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise ConfigError("HixlConnector: %s must be an integer, got %r" % (k, v))
+            try:
+                v = int(v)
+            except ValueError:
+                raise ConfigError("HixlConnector: %s must be an integer, got %r" % (k, v)) from None
+            if v < 0:
+                raise ConfigError("HixlConnector: %s must not be negative, got %d" % (k, v))
+        elif not isinstance(v, str):
+            raise ConfigError("HixlConnector: %s must be a string, got %r" % (k, v))
+        out[k] = v
+    if out["transport"] not in ("", "shm", "tcp", "ucx"):
+        raise ConfigError("HixlConnector: transport must be \"\", \"shm\", \"tcp\" or \"ucx\", "
+                          "got %r" % out["transport"])
+    if out["listen_port"] > 65535:
+        raise ConfigError("HixlConnector: listen_port %d is not a port" % out["listen_port"])
+    if out["transfer_workers"] < 1 or out["transfer_workers"] > 64:
+        raise ConfigError("HixlConnector: transfer_workers must be 1..64")
+    if out["lease_ms"] < 1:
+        raise ConfigError("HixlConnector: lease_ms must be at least 1")
+    return out
+
+
+def cluster_id(engine_id, tp_rank):
+    """The LLM-DataDist cluster id of one worker: 48 bits of a hash of vLLM's
+    engine id, then the tensor-parallel rank (ids differ between engines and
+    between ranks of one engine)."""
+    h = int.from_bytes(hashlib.blake2b(str(engine_id).encode(), digest_size=6).digest(), "big")
+    return (h << 12) | (tp_rank & 0xFFF)
+
+
+def tag(xid):
+    return "%s%d" % (TAG, xid)
+
+
+def parse_tag(user_tag):
+    """The transfer id in a notification tag, or None for other tags."""
+    if not user_tag.startswith(TAG):
+        return None
+    try:
+        return int(user_tag[len(TAG):])
+    except ValueError:
+        return None
+
+
+def now():
+    """Wall-clock seconds: lease deadlines travel between hosts."""
+    return time.time()
+
+
+class RemoteSpec:
+    """What a decode needs to read a prefill request, validated from
+    kv_transfer_params (bytes from another process: every field checked)."""
+
+    __slots__ = ("request_id", "engine_id", "block_ids", "ranks", "xid", "expires_at",
+                 "block_size", "layout", "tp_size")
+
+    @classmethod
+    def parse(cls, params):
+        """RemoteSpec, or raises ValueError saying what is wrong."""
+        h = params.get("hixl")
+        if not isinstance(h, dict):
+            raise ValueError("kv_transfer_params has no \"hixl\" entry (was the prefill "
+                             "instance running HixlConnector?)")
+        if h.get("v") != PARAMS_VERSION:
+            raise ValueError("kv_transfer_params[\"hixl\"] has version %r, this connector "
+                             "speaks %d" % (h.get("v"), PARAMS_VERSION))
+        s = cls()
+        s.request_id = params.get("remote_request_id")
+        s.engine_id = params.get("remote_engine_id")
+        if not isinstance(s.request_id, str) or not isinstance(s.engine_id, str):
+            raise ValueError("remote_request_id and remote_engine_id must be strings")
+        s.block_ids = params.get("remote_block_ids")
+        if not isinstance(s.block_ids, list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 2**31
+                for b in s.block_ids):
+            raise ValueError("remote_block_ids must be a list of block numbers")
+        ranks = h.get("ranks")
+        if not isinstance(ranks, list) or not ranks:
+            raise ValueError("kv_transfer_params[\"hixl\"][\"ranks\"] must be a non-empty list")
+        s.ranks = []
+        for r in ranks:
+            if (not isinstance(r, list) or len(r) != 2 or not isinstance(r[0], str)
+                    or not isinstance(r[1], int) or isinstance(r[1], bool)
+                    or not 0 <= r[1] < 2**63):
+                raise ValueError("each rank must be [\"host:port\", cluster_id], got %r" % (r,))
+            s.ranks.append((r[0], r[1]))
+        s.xid = h.get("xid")
+        s.expires_at = h.get("expires_at")
+        s.block_size = h.get("block_size")
+        s.tp_size = h.get("tp_size")
+        for name in ("xid", "block_size", "tp_size"):
+            v = getattr(s, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v >= 2**63:
+                raise ValueError("kv_transfer_params[\"hixl\"][%r] must be a count, got %r"
+                                 % (name, v))
+        if s.tp_size != len(s.ranks):
+            raise ValueError("tp_size %d but %d ranks" % (s.tp_size, len(s.ranks)))
+        if not isinstance(s.expires_at, (int, float)) or isinstance(s.expires_at, bool):
+            raise ValueError("kv_transfer_params[\"hixl\"][\"expires_at\"] must be a time")
+        s.layout = h.get("layout")
+        if not isinstance(s.layout, dict):
+            raise ValueError("kv_transfer_params[\"hixl\"][\"layout\"] must be a dict")
+        return s

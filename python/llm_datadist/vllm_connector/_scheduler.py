@@ -1,0 +1,143 @@
+"""The scheduler side of HixlConnector: which requests read their prompt's
+KV from a prefill instance (decode), which prefill requests keep their blocks
+until a decode read them (prefill), and the kv_transfer_params between them.
+
+The protocol follows vLLM's P/D convention (the keys NIXL's connector uses,
+so the same proxies route requests): a request sent to prefill carries
+{"do_remote_decode": true}; its answer carries kv_transfer_params with
+"do_remote_prefill": true, remote_block_ids, remote_engine_id,
+remote_request_id, remote_host, remote_port, and a "hixl" entry (the prefill
+workers' engine addresses and cluster ids, a transfer id, the lease's end and
+the KV layout); the proxy hands them to decode with the same prompt."""
+import logging
+import secrets
+
+from . import _common as c
+
+_log = logging.getLogger("llm_datadist.vllm_connector")
+
+
+class Scheduler:
+    def __init__(self, opts, engine_id, block_size, tp_size):
+        self._opts = opts
+        self._engine_id = engine_id
+        self._block_size = block_size
+        self._tp_size = tp_size
+        self._ranks = None        # [(address, cluster id)] by tp rank, from the workers
+        self._layout = None
+        self._recv = {}           # this step: request id -> (spec, local, remote, report)
+        self._send = {}           # this step: request id -> (xid, expires_at)
+        self._specs = {}          # request id -> RemoteSpec, between matching and allocation
+        self._bad = set()         # request ids whose kv_transfer_params were refused
+
+    def set_handshake(self, metadata):
+        """metadata: {tp rank: handshake dict} from every worker."""
+        ranks = sorted(metadata)
+        if ranks != list(range(self._tp_size)):
+            raise ValueError("HixlConnector: handshake metadata for ranks %s, expected 0..%d"
+                             % (ranks, self._tp_size - 1))
+        self._ranks = [[metadata[r]["address"], metadata[r]["cluster_id"]] for r in ranks]
+        self._layout = metadata[0]["layout"]
+
+    def _spec(self, request):
+        """The RemoteSpec of a decode request, None when it has none (or an
+        unusable one: then it is computed here, and the reason logged once)."""
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return None
+        rid = request.request_id
+        if rid in self._specs:
+            return self._specs[rid]
+        if rid in self._bad:
+            return None
+        try:
+            spec = c.RemoteSpec.parse(params)
+        except ValueError as e:
+            self._bad.add(rid)
+            _log.warning("HixlConnector: request %s: unusable kv_transfer_params (%s); its "
+                         "prompt is computed here", rid, e)
+            return None
+        self._specs[rid] = spec
+        return spec
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        spec = self._spec(request)
+        if spec is None:
+            return 0, False
+        # Every prompt token the prefill computed; vLLM computes the last one
+        # again here, to sample the next.
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        if count > 0:
+            return count, True
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return
+        spec = self._spec(request)
+        params["do_remote_prefill"] = False   # one read per request
+        self._specs.pop(request.request_id, None)
+        self._bad.discard(request.request_id)
+        if spec is None:
+            return
+        local = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
+        if len(local) > len(spec.block_ids):
+            _log.warning("HixlConnector: request %s: %d local blocks to fill but the prefill "
+                         "sent %d", request.request_id, len(local), len(spec.block_ids))
+            local = local[len(local) - len(spec.block_ids):]
+        # The local prefix cache covers the first blocks; the rest come from
+        # the prefill's last blocks. With none to read, the read only
+        # releases the prefill's blocks and vLLM does not wait for it.
+        remote = spec.block_ids[len(spec.block_ids) - len(local):] if local else []
+        self._recv[request.request_id] = (spec, local, remote, bool(local))
+
+    def build_meta(self):
+        out = (self._recv, self._send)
+        self._recv, self._send = {}, {}
+        return out
+
+    def request_finished(self, request, block_ids):
+        from vllm.v1.request import RequestStatus
+        params = request.kv_transfer_params
+        rid = request.request_id
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):
+            # Finished (aborted) before its blocks were allocated: nothing to
+            # read, but the prefill's blocks are released now.
+            spec = self._spec(request)
+            params["do_remote_prefill"] = False
+            self._specs.pop(rid, None)
+            self._bad.discard(rid)
+            if spec is not None:
+                self._recv[rid] = (spec, [], [], False)
+            return False, None
+        if not params.get("do_remote_decode"):
+            return False, None
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                  RequestStatus.FINISHED_STOPPED):
+            return False, None    # aborted prefill: no decode will ask for it
+        if not block_ids:
+            return False, None
+        if self._ranks is None:
+            _log.warning("HixlConnector: request %s: no worker handshake yet; its KV is not "
+                         "offered to a decode", rid)
+            return False, None
+        xid = secrets.randbits(62)
+        expires_at = c.now() + self._opts["lease_ms"] / 1000.0
+        self._send[rid] = (xid, expires_at)
+        host, _, port = self._ranks[0][0].rpartition(":")
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(block_ids),
+            "remote_engine_id": self._engine_id,
+            "remote_request_id": rid,
+            "remote_host": host,
+            "remote_port": int(port),
+            "remote_num_tokens": len(request.prompt_token_ids or ()),
+            "hixl": {"v": c.PARAMS_VERSION, "ranks": [list(r) for r in self._ranks],
+                     "xid": xid, "expires_at": expires_at, "block_size": self._block_size,
+                     "tp_size": self._tp_size, "layout": self._layout},
+        }

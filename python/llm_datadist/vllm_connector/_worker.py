@@ -1,0 +1,302 @@
+"""The worker side of HixlConnector: one LLM-DataDist instance per worker
+(tensor-parallel rank), the KV cache registered once, reads of prefill blocks
+on a small thread pool (start_load_kv never waits for the network), and the
+prefill side's release of blocks when the decode's read arrived (an
+LLM-DataDist transfer event, raised after the data) or its lease ended."""
+import collections
+import concurrent.futures
+import logging
+import threading
+
+import llm_datadist as ldd
+
+from . import _common as c
+
+_log = logging.getLogger("llm_datadist.vllm_connector")
+
+_ROLES = {"kv_producer": ldd.LLMRole.PROMPT, "kv_consumer": ldd.LLMRole.DECODER,
+          "kv_both": ldd.LLMRole.MIX}
+_LINK_TYPES = {"shm": "SHM", "tcp": "TCP", "ucx": "UCX"}
+
+
+class LayoutError(ValueError):
+    """KV tensors this connector cannot describe, or two sides that differ."""
+
+
+def describe_kv_caches(kv_caches, layer_names, num_blocks):
+    """The block regions of vLLM's KV tensors -> (regions, layout).
+
+    regions: [(address, tensor)] of equal-sized regions, each num_blocks
+    blocks of layout["block_bytes"] laid end to end. A layer tensor whose
+    first dimension is the blocks is one region; one shaped (2, num_blocks,
+    ...) -- K and V apart -- is two. layout: what both sides must share."""
+    if not kv_caches:
+        raise LayoutError("HixlConnector: register_kv_caches got no KV tensors")
+    names = [n for n in layer_names if n in kv_caches] or list(kv_caches)
+    missing = sorted(set(kv_caches) - set(names))
+    names += missing
+    regions, pages, dtypes, split = [], set(), set(), set()
+    for name in names:
+        t = kv_caches[name]
+        if t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks and num_blocks != 2:
+            views, split_kv = [t[0], t[1]], True
+        else:
+            views, split_kv = [t], False
+        for v in views:
+            if v.dim() < 2 or v.shape[0] != num_blocks:
+                raise LayoutError(
+                    "HixlConnector: KV tensor of layer %s has shape %s: neither its first "
+                    "dimension nor (after a leading 2 for K and V) its second is the %d blocks"
+                    % (name, tuple(t.shape), num_blocks))
+            page = v[0]
+            if not page.is_contiguous():
+                raise LayoutError("HixlConnector: the blocks of layer %s are not contiguous "
+                                  "inside (strides %s)" % (name, tuple(v.stride())))
+            page_bytes = page.numel() * v.element_size()
+            if v.stride(0) * v.element_size() != page_bytes:
+                raise LayoutError(
+                    "HixlConnector: layer %s has a block stride of %d bytes for %d-byte blocks "
+                    "(blocks shared across layers are not supported yet)"
+                    % (name, v.stride(0) * v.element_size(), page_bytes))
+            regions.append((v.data_ptr(), v))
+            pages.add((tuple(page.shape), page_bytes))
+        dtypes.add(str(t.dtype))
+        split.add(split_kv)
+    if len(pages) != 1 or len(dtypes) != 1 or len(split) != 1:
+        raise LayoutError("HixlConnector: the layers' KV blocks differ (shapes %s, dtypes %s); "
+                          "one block layout for every layer is supported"
+                          % (sorted(pages), sorted(dtypes)))
+    (shape, page_bytes), = pages
+    layout = {"layers": len(names), "regions": len(regions), "block_bytes": page_bytes,
+              "block_shape": list(shape), "dtype": dtypes.pop(), "split_kv": split.pop()}
+    return regions, layout
+
+
+def layout_mismatch(mine, theirs):
+    """'' when two layouts match, else the differing fields, said plainly."""
+    keys = sorted(set(mine) | set(theirs))
+    diff = ["%s: here %r, prefill %r" % (k, mine.get(k), theirs.get(k))
+            for k in keys if mine.get(k) != theirs.get(k)]
+    return "; ".join(diff)
+
+
+class Worker:
+    """The worker role. Methods are called from vLLM's model-runner thread;
+    reads finish on the pool's threads and transfer events arrive on an
+    LLM-DataDist thread, so the shared sets are guarded by one lock."""
+
+    def __init__(self, opts, engine_id, kv_role, tp_rank, tp_size, num_blocks, layer_names):
+        self._opts = opts
+        self._tp_rank, self._tp_size = tp_rank, tp_size
+        self._num_blocks = num_blocks
+        self._layer_names = list(layer_names)
+        self._cluster = c.cluster_id(engine_id, tp_rank)
+        self._lock = threading.Lock()
+        self._sending = {}        # xid -> (request id, expires_at)
+        self._notified = {}       # xid -> time the read arrived (before or after the metadata)
+        self._done_recv = set()
+        self._failed_recv = set()
+        self._bad_blocks = set()
+        self._links = {}          # cluster id -> address linked
+        self._link_locks = {}
+        self._stats = {"reads": 0, "read_blocks": 0, "read_failures": 0, "releases": 0,
+                       "lease_expiries": 0}
+        self.recent_errors = collections.deque(maxlen=32)   # the last failures, said plainly
+        self._closed = False
+        self._kv = None
+        self._layout = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=opts["transfer_workers"], thread_name_prefix="hixl-vllm-read")
+
+        self._dd = ldd.LLMDataDist(_ROLES[kv_role], self._cluster)
+        cfg = ldd.LLMConfig()
+        port = opts["listen_port"] + tp_rank if opts["listen_port"] else 0
+        cfg.listen_ip_info = "%s:%d" % (opts["listen_host"], port)
+        if opts["transport"]:
+            cfg.global_resource_config = {"LinkType": _LINK_TYPES[opts["transport"]]}
+        self._dd.init(cfg.generate_options())
+        cm = self._dd.cache_manager
+        # The mailbox: one block a decode reads to release a prefill request
+        # whose blocks it will not read (aborted, or all found locally).
+        self._mailbox_mem = ldd.allocate_host_memory(2 * c.MAILBOX_BYTES)
+        self._mailbox = cm.register_blocks_cache(
+            ldd.CacheDesc(1, [2, c.MAILBOX_BYTES], ldd.DataType.DT_UINT8, ldd.Placement.HOST),
+            [self._mailbox_mem], ldd.BlocksCacheKey(self._cluster, c.MAILBOX_MODEL_ID))
+        cm.set_transfer_callback(self._on_event)
+
+    # -- registration
+    def register_kv_caches(self, kv_caches):
+        if self._kv is not None:
+            raise RuntimeError("HixlConnector: register_kv_caches called twice")
+        regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks)
+        device = regions[0][1].is_cuda
+        desc = ldd.CacheDesc(len(regions), [self._num_blocks, layout["block_bytes"]],
+                             ldd.DataType.DT_UINT8,
+                             ldd.Placement.DEVICE if device else ldd.Placement.HOST)
+        self._kv = self._dd.cache_manager.register_blocks_cache(
+            desc, [a for a, _ in regions], ldd.BlocksCacheKey(self._cluster, c.KV_MODEL_ID))
+        self._kv_tensors = dict(kv_caches)   # the memory stays alive while registered
+        self._layout = layout
+        _log.info("HixlConnector rank %d: %d KV regions of %d blocks x %d bytes registered; "
+                  "engine at %s", self._tp_rank, len(regions), self._num_blocks,
+                  layout["block_bytes"], self._dd.local_address)
+
+    def handshake(self):
+        return {"address": self._dd.local_address, "cluster_id": self._cluster,
+                "tp_rank": self._tp_rank, "layout": self._layout}
+
+    # -- one engine step
+    def start(self, meta):
+        """Takes this step's metadata: new prefill requests to release later,
+        and reads to start (returns at once; they run on the pool)."""
+        with self._lock:
+            for req_id, (xid, expires_at) in meta.reqs_to_send.items():
+                self._sending[xid] = (req_id, expires_at)
+        for req_id, (spec, local, remote, report) in meta.reqs_to_recv.items():
+            self._pool.submit(self._read, req_id, spec, local, remote, report)
+
+    def _link(self, address, cluster):
+        with self._lock:
+            lk = self._link_locks.setdefault(cluster, threading.Lock())
+        with lk:
+            have = self._links.get(cluster)
+            if have == address:
+                return
+            info = ldd.LLMClusterInfo()
+            info.remote_cluster_id = cluster
+            if have is not None:  # the prefill worker moved: drop the old link
+                self._dd.unlink_clusters([info], force=True)
+                self._links.pop(cluster, None)
+            host, _, port = address.rpartition(":")
+            info.append_remote_ip_info(host, int(port))
+            ret, rets = self._dd.link_clusters([info], timeout=self._opts["link_timeout_ms"])
+            if rets[0] not in (ldd.LLMStatusCode.LLM_SUCCESS, ldd.LLMStatusCode.LLM_ALREADY_LINK):
+                raise ldd.LLMException("cannot link to prefill worker %s (cluster %d): %s"
+                                       % (address, cluster, rets[0].name), rets[0])
+            self._links[cluster] = address
+
+    def _forget_link(self, cluster):
+        with self._lock:
+            lk = self._link_locks.setdefault(cluster, threading.Lock())
+        with lk:
+            if self._links.pop(cluster, None) is not None:
+                info = ldd.LLMClusterInfo()
+                info.remote_cluster_id = cluster
+                try:
+                    self._dd.unlink_clusters([info], force=True)
+                except ldd.LLMException:
+                    pass
+
+    def _read(self, req_id, spec, local, remote, report):
+        """Reads remote blocks into local ones (or, with none, only releases
+        the prefill request). Failures are logged and, when vLLM waits for
+        the read, reported: the blocks as load errors, the request finished."""
+        address, cluster = None, None
+        try:
+            if spec.tp_size != self._tp_size:
+                raise c.ConfigError("prefill has tensor-parallel size %d, this decode %d "
+                                    "(different sizes are not supported yet)"
+                                    % (spec.tp_size, self._tp_size))
+            address, cluster = spec.ranks[self._tp_rank]
+            if not local:
+                self._link(address, cluster)
+                self._dd.cache_manager.pull_blocks(
+                    ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [0], [1],
+                    tensor_num_per_layer=1, user_tag=c.tag(spec.xid))
+                with self._lock:
+                    self._stats["releases"] += 1
+                return
+            if self._kv is None:
+                raise RuntimeError("no KV cache registered on this worker")
+            why = layout_mismatch(self._layout, spec.layout)
+            if why:
+                raise LayoutError("the prefill's KV layout differs from this decode's: " + why)
+            if c.now() >= spec.expires_at:
+                raise TimeoutError("the prefill's lease on its blocks ended %.1f s ago"
+                                   % (c.now() - spec.expires_at))
+            self._link(address, cluster)
+            self._dd.cache_manager.pull_blocks(
+                ldd.BlocksCacheKey(cluster, c.KV_MODEL_ID), self._kv, remote, local,
+                tensor_num_per_layer=1, user_tag=c.tag(spec.xid))
+            if c.now() >= spec.expires_at:
+                # The prefill may have reused the blocks while we read them.
+                raise TimeoutError("the read ended after the prefill's lease on its blocks")
+            with self._lock:
+                self._stats["reads"] += 1
+                self._stats["read_blocks"] += len(local)
+        except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
+            msg = "request %s: reading %d blocks from %s failed: %s" % (
+                req_id, len(local), address or "the prefill", e)
+            _log.warning("HixlConnector: %s", msg)
+            self.recent_errors.append(msg)
+            if isinstance(e, ldd.LLMException) and cluster is not None:
+                self._forget_link(cluster)
+            with self._lock:
+                self._stats["read_failures"] += 1
+                if report:
+                    self._failed_recv.add(req_id)
+                    self._bad_blocks.update(local)
+        finally:
+            if report:
+                with self._lock:
+                    self._done_recv.add(req_id)
+
+    def _on_event(self, ev):
+        if ev.kind != ldd.TransferEventKind.PULLED:
+            return
+        xid = c.parse_tag(ev.user_tag)
+        if xid is not None:
+            with self._lock:
+                self._notified[xid] = c.now()
+
+    def finished(self):
+        """-> (finished sending, finished receiving) since the last call."""
+        t = c.now()
+        sent = set()
+        with self._lock:
+            for xid in list(self._notified):
+                if xid in self._sending:
+                    sent.add(self._sending.pop(xid)[0])
+                    del self._notified[xid]
+                elif t - self._notified[xid] > self._opts["lease_ms"] / 1000.0 + 60:
+                    del self._notified[xid]  # a read of a request never sent here
+            for xid, (req_id, expires_at) in list(self._sending.items()):
+                if t >= expires_at:
+                    del self._sending[xid]
+                    sent.add(req_id)
+                    self._stats["lease_expiries"] += 1
+                    _log.warning("HixlConnector: request %s: no decode read its KV before its "
+                                 "lease ended; its blocks are freed", req_id)
+            recv, self._done_recv = self._done_recv, set()
+        return sent, recv
+
+    def failed_recv(self):
+        with self._lock:
+            out, self._failed_recv = self._failed_recv, set()
+        return out
+
+    def load_errors(self):
+        with self._lock:
+            out, self._bad_blocks = self._bad_blocks, set()
+        return out
+
+    def take_stats(self):
+        with self._lock:
+            out = dict(self._stats)
+            for k in self._stats:
+                self._stats[k] = 0
+        return out
+
+    def pending_sends(self):
+        with self._lock:
+            return len(self._sending)
+
+    def shutdown(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self._dd.cache_manager.set_transfer_callback(None)
+        finally:
+            self._dd.finalize()
