@@ -11,7 +11,9 @@ reads; the prefill's application takes no part); the read's completion event,
 raised on the prefill after the data, frees the prefill's blocks, and a lease
 (lease_ms) frees them if no decode ever reads. Metadata travels in vLLM's
 kv_transfer_params (docs/VLLM.md); links between workers are made on first
-use and kept. Options (kv_connector_extra_config) are in _common.DEFAULTS.
+use and kept. Instances whose tensor parallelism, block size or block layout
+differ are paired row by row (_plan). Options (kv_connector_extra_config)
+are in _common.DEFAULTS.
 
 Thread safety: vLLM calls the scheduler role from its scheduler thread and the
 worker role from its model-runner thread; reads run on the worker's own pool
@@ -38,8 +40,8 @@ _log = logging.getLogger("llm_datadist.vllm_connector")
 @dataclasses.dataclass
 class HixlConnectorMetadata(KVConnectorMetadata):
     """One step's orders from the scheduler role to the workers.
-    reqs_to_recv: request id -> (RemoteSpec, local blocks, remote blocks,
-    whether vLLM waits for it); reqs_to_send: request id -> (transfer id,
+    reqs_to_recv: request id -> (RemoteSpec, local blocks to fill, the token
+    they start at, whether vLLM waits for it); reqs_to_send: request id -> (transfer id,
     lease end) of prefill requests whose blocks wait for a decode's read."""
     reqs_to_recv: dict = dataclasses.field(default_factory=dict)
     reqs_to_send: dict = dataclasses.field(default_factory=dict)
@@ -76,6 +78,7 @@ class HixlStats(KVConnectorStats):
 
 
 def _tp(vllm_config):
+    """(rank, size) of this worker in its tensor-parallel group."""
     size = vllm_config.parallel_config.tensor_parallel_size
     if size == 1:
         return 0, 1
@@ -95,12 +98,14 @@ class HixlConnector(KVConnectorBase_V1):
         self._opts = _common.options(ktc.kv_connector_extra_config)
         self._engine_id = str(ktc.engine_id)
         self._sched = self._worker = None
-        tp_rank, tp_size = _tp(vllm_config)
         if role == KVConnectorRole.SCHEDULER:
+            # vLLM's scheduler process has no parallel state: the size only.
             from ._scheduler import Scheduler
             self._sched = Scheduler(self._opts, self._engine_id,
-                                    vllm_config.cache_config.block_size, tp_size)
+                                    vllm_config.cache_config.block_size,
+                                    vllm_config.parallel_config.tensor_parallel_size)
         else:
+            tp_rank, tp_size = _tp(vllm_config)
             from ._worker import Worker
             if kv_cache_config is None:
                 raise ConfigError("HixlConnector: the worker role needs the KV cache config")
@@ -108,8 +113,12 @@ class HixlConnector(KVConnectorBase_V1):
             if len(groups) != 1:
                 raise ConfigError("HixlConnector: %d KV cache groups (a hybrid model); one group "
                                   "is supported" % len(groups))
+            spec = groups[0].kv_cache_spec
             self._worker = Worker(self._opts, self._engine_id, ktc.kv_role, tp_rank, tp_size,
-                                  kv_cache_config.num_blocks, groups[0].layer_names)
+                                  kv_cache_config.num_blocks, groups[0].layer_names,
+                                  heads=getattr(spec, "num_kv_heads", 1),
+                                  block_tokens=spec.block_size,
+                                  mla=type(spec).__name__.startswith("MLA"))
 
     # ------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches):

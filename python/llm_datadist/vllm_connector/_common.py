@@ -16,14 +16,18 @@ DEFAULTS = {
     "transfer_workers": 4,        # threads that run the reads of the decode side
 }
 
-# Notification tags: a read of a prefill worker's cache carries
-# TAG + transfer id; the prefill worker frees the request's blocks on it.
+# Notification tags: each read of a prefill worker's cache carries
+# "hvc1 <transfer id> <decode rank> <reads expected>"; the prefill worker
+# frees the request's blocks once every expected decode rank's read arrived.
 TAG = "hvc1 "
 
-# The model id of the caches: KV blocks, and the one-block "mailbox" a decode
-# reads to release a prefill request without taking its data.
+# The model ids of the caches: KV blocks; the same memory cut into rows (one
+# head's K and V of one token: for sides whose tensor parallelism or block
+# size differ); and the one-block "mailbox" a decode reads to release a
+# prefill request without taking its data.
 KV_MODEL_ID = 0
 MAILBOX_MODEL_ID = 1
+ROWS_MODEL_ID = 2
 MAILBOX_BYTES = 64
 
 # The version of the "hixl" entry of kv_transfer_params.
@@ -77,18 +81,25 @@ def cluster_id(engine_id, tp_rank):
     return (h << 12) | (tp_rank & 0xFFF)
 
 
-def tag(xid):
-    return "%s%d" % (TAG, xid)
+def tag(xid, rank, expected):
+    return "%s%d %d %d" % (TAG, xid, rank, expected)
 
 
 def parse_tag(user_tag):
-    """The transfer id in a notification tag, or None for other tags."""
+    """(transfer id, decode rank, reads expected) of a notification tag, or
+    None for other tags (or malformed ones: they come from the network)."""
     if not user_tag.startswith(TAG):
         return None
+    parts = user_tag[len(TAG):].split(" ")
+    if len(parts) != 3:
+        return None
     try:
-        return int(user_tag[len(TAG):])
+        xid, rank, expected = (int(x) for x in parts)
     except ValueError:
         return None
+    if not (0 <= xid < 2**63 and 0 <= rank < 4096 and 1 <= expected <= 4096):
+        return None
+    return xid, rank, expected
 
 
 def now():

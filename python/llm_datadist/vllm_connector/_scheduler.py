@@ -25,7 +25,7 @@ class Scheduler:
         self._tp_size = tp_size
         self._ranks = None        # [(address, cluster id)] by tp rank, from the workers
         self._layout = None
-        self._recv = {}           # this step: request id -> (spec, local, remote, report)
+        self._recv = {}           # this step: request id -> (spec, local, local_start, report)
         self._send = {}           # this step: request id -> (xid, expires_at)
         self._specs = {}          # request id -> RemoteSpec, between matching and allocation
         self._bad = set()         # request ids whose kv_transfer_params were refused
@@ -81,16 +81,13 @@ class Scheduler:
         self._bad.discard(request.request_id)
         if spec is None:
             return
-        local = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
-        if len(local) > len(spec.block_ids):
-            _log.warning("HixlConnector: request %s: %d local blocks to fill but the prefill "
-                         "sent %d", request.request_id, len(local), len(spec.block_ids))
-            local = local[len(local) - len(spec.block_ids):]
-        # The local prefix cache covers the first blocks; the rest come from
-        # the prefill's last blocks. With none to read, the read only
+        # The local prefix cache covers the first blocks (hashed); the
+        # others are filled from the prefill's blocks holding the same
+        # tokens (_plan pairs them). With none to fill, the read only
         # releases the prefill's blocks and vLLM does not wait for it.
-        remote = spec.block_ids[len(spec.block_ids) - len(local):] if local else []
-        self._recv[request.request_id] = (spec, local, remote, bool(local))
+        local = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
+        cached = sum(1 for b in blocks.blocks[0] if b.block_hash is not None and not b.is_null)
+        self._recv[request.request_id] = (spec, local, cached * self._block_size, bool(local))
 
     def build_meta(self):
         out = (self._recv, self._send)
@@ -111,7 +108,7 @@ class Scheduler:
             self._specs.pop(rid, None)
             self._bad.discard(rid)
             if spec is not None:
-                self._recv[rid] = (spec, [], [], False)
+                self._recv[rid] = (spec, [], 0, False)
             return False, None
         if not params.get("do_remote_decode"):
             return False, None

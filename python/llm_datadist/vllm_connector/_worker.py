@@ -11,6 +11,7 @@ import threading
 import llm_datadist as ldd
 
 from . import _common as c
+from ._plan import LayoutError, plan, releases_only
 
 _log = logging.getLogger("llm_datadist.vllm_connector")
 
@@ -19,17 +20,16 @@ _ROLES = {"kv_producer": ldd.LLMRole.PROMPT, "kv_consumer": ldd.LLMRole.DECODER,
 _LINK_TYPES = {"shm": "SHM", "tcp": "TCP", "ucx": "UCX"}
 
 
-class LayoutError(ValueError):
-    """KV tensors this connector cannot describe, or two sides that differ."""
-
-
-def describe_kv_caches(kv_caches, layer_names, num_blocks):
+def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens=None,
+                       mla=False):
     """The block regions of vLLM's KV tensors -> (regions, layout).
 
     regions: [(address, tensor)] of equal-sized regions, each num_blocks
     blocks of layout["block_bytes"] laid end to end. A layer tensor whose
     first dimension is the blocks is one region; one shaped (2, num_blocks,
-    ...) -- K and V apart -- is two. layout: what both sides must share."""
+    ...) -- K and V apart -- is two. layout: what the two sides compare
+    (_plan), with heads (per rank), block_tokens, the order of heads and
+    tokens inside a block and the bytes of one row (one head, one token)."""
     if not kv_caches:
         raise LayoutError("HixlConnector: register_kv_caches got no KV tensors")
     names = [n for n in layer_names if n in kv_caches] or list(kv_caches)
@@ -67,17 +67,17 @@ def describe_kv_caches(kv_caches, layer_names, num_blocks):
                           "one block layout for every layer is supported"
                           % (sorted(pages), sorted(dtypes)))
     (shape, page_bytes), = pages
+    b = block_tokens or 0
+    hn = len(shape) >= 2 and shape[0] == heads and shape[1] == b
+    nh = len(shape) >= 2 and shape[0] == b and shape[1] == heads
+    if heads == 1 and not hn and shape and shape[0] == b:
+        nh = True                   # no heads dimension (MLA: one latent per token)
+    order = "HN" if hn and not nh else "NH" if nh and not hn else None
     layout = {"layers": len(names), "regions": len(regions), "block_bytes": page_bytes,
-              "block_shape": list(shape), "dtype": dtypes.pop(), "split_kv": split.pop()}
+              "block_shape": list(shape), "dtype": dtypes.pop(), "split_kv": split.pop(),
+              "heads": heads, "block_tokens": b, "order": order, "mla": bool(mla),
+              "row_bytes": page_bytes // (heads * b) if order else 0}
     return regions, layout
-
-
-def layout_mismatch(mine, theirs):
-    """'' when two layouts match, else the differing fields, said plainly."""
-    keys = sorted(set(mine) | set(theirs))
-    diff = ["%s: here %r, prefill %r" % (k, mine.get(k), theirs.get(k))
-            for k in keys if mine.get(k) != theirs.get(k)]
-    return "; ".join(diff)
 
 
 class Worker:
@@ -85,15 +85,17 @@ class Worker:
     reads finish on the pool's threads and transfer events arrive on an
     LLM-DataDist thread, so the shared sets are guarded by one lock."""
 
-    def __init__(self, opts, engine_id, kv_role, tp_rank, tp_size, num_blocks, layer_names):
+    def __init__(self, opts, engine_id, kv_role, tp_rank, tp_size, num_blocks, layer_names,
+                 heads=1, block_tokens=None, mla=False):
         self._opts = opts
         self._tp_rank, self._tp_size = tp_rank, tp_size
         self._num_blocks = num_blocks
         self._layer_names = list(layer_names)
+        self._shape = (heads, block_tokens, mla)
         self._cluster = c.cluster_id(engine_id, tp_rank)
         self._lock = threading.Lock()
         self._sending = {}        # xid -> (request id, expires_at)
-        self._notified = {}       # xid -> time the read arrived (before or after the metadata)
+        self._notified = {}       # xid -> [decode ranks heard from, expected, time of the first]
         self._done_recv = set()
         self._failed_recv = set()
         self._bad_blocks = set()
@@ -103,7 +105,7 @@ class Worker:
                        "lease_expiries": 0}
         self.recent_errors = collections.deque(maxlen=32)   # the last failures, said plainly
         self._closed = False
-        self._kv = None
+        self._kv = self._rows = None
         self._layout = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=opts["transfer_workers"], thread_name_prefix="hixl-vllm-read")
@@ -128,13 +130,23 @@ class Worker:
     def register_kv_caches(self, kv_caches):
         if self._kv is not None:
             raise RuntimeError("HixlConnector: register_kv_caches called twice")
-        regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks)
-        device = regions[0][1].is_cuda
-        desc = ldd.CacheDesc(len(regions), [self._num_blocks, layout["block_bytes"]],
-                             ldd.DataType.DT_UINT8,
-                             ldd.Placement.DEVICE if device else ldd.Placement.HOST)
-        self._kv = self._dd.cache_manager.register_blocks_cache(
-            desc, [a for a, _ in regions], ldd.BlocksCacheKey(self._cluster, c.KV_MODEL_ID))
+        heads, block_tokens, mla = self._shape
+        regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks,
+                                             heads, block_tokens, mla)
+        where = ldd.Placement.DEVICE if regions[0][1].is_cuda else ldd.Placement.HOST
+        addrs = [a for a, _ in regions]
+        cm = self._dd.cache_manager
+        self._kv = cm.register_blocks_cache(
+            ldd.CacheDesc(len(regions), [self._num_blocks, layout["block_bytes"]],
+                          ldd.DataType.DT_UINT8, where),
+            addrs, ldd.BlocksCacheKey(self._cluster, c.KV_MODEL_ID))
+        if layout["order"]:
+            # The same memory as rows, for a peer whose layout differs.
+            rows = self._num_blocks * layout["block_bytes"] // layout["row_bytes"]
+            self._rows = cm.register_blocks_cache(
+                ldd.CacheDesc(len(regions), [rows, layout["row_bytes"]], ldd.DataType.DT_UINT8,
+                              where),
+                addrs, ldd.BlocksCacheKey(self._cluster, c.ROWS_MODEL_ID))
         self._kv_tensors = dict(kv_caches)   # the memory stays alive while registered
         self._layout = layout
         _log.info("HixlConnector rank %d: %d KV regions of %d blocks x %d bytes registered; "
@@ -152,8 +164,8 @@ class Worker:
         with self._lock:
             for req_id, (xid, expires_at) in meta.reqs_to_send.items():
                 self._sending[xid] = (req_id, expires_at)
-        for req_id, (spec, local, remote, report) in meta.reqs_to_recv.items():
-            self._pool.submit(self._read, req_id, spec, local, remote, report)
+        for req_id, (spec, local, local_start, report) in meta.reqs_to_recv.items():
+            self._pool.submit(self._read, req_id, spec, local, local_start, report)
 
     def _link(self, address, cluster):
         with self._lock:
@@ -187,78 +199,118 @@ class Worker:
                 except ldd.LLMException:
                     pass
 
-    def _read(self, req_id, spec, local, remote, report):
-        """Reads remote blocks into local ones (or, with none, only releases
-        the prefill request). Failures are logged and, when vLLM waits for
-        the read, reported: the blocks as load errors, the request finished."""
-        address, cluster = None, None
+    def _read(self, req_id, spec, local, local_start, report):
+        """Reads the prefill blocks (or rows) this rank holds into local
+        blocks, or, with none, only releases the prefill request. Failures
+        are logged, the prefill ranks still released where they can be and,
+        when vLLM waits for the read, reported: the blocks as load errors,
+        the request finished."""
+        r = self._tp_rank
+        done = set()       # prefill ranks told (read or released)
+        failed = None
         try:
-            if spec.tp_size != self._tp_size:
-                raise c.ConfigError("prefill has tensor-parallel size %d, this decode %d "
-                                    "(different sizes are not supported yet)"
-                                    % (spec.tp_size, self._tp_size))
-            address, cluster = spec.ranks[self._tp_rank]
-            if not local:
-                self._link(address, cluster)
-                self._dd.cache_manager.pull_blocks(
-                    ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [0], [1],
-                    tensor_num_per_layer=1, user_tag=c.tag(spec.xid))
-                with self._lock:
-                    self._stats["releases"] += 1
-                return
-            if self._kv is None:
+            if local and self._kv is None:
                 raise RuntimeError("no KV cache registered on this worker")
-            why = layout_mismatch(self._layout, spec.layout)
-            if why:
-                raise LayoutError("the prefill's KV layout differs from this decode's: " + why)
-            if c.now() >= spec.expires_at:
+            actions = plan(self._layout or {}, spec.layout, self._tp_size, r, spec.tp_size,
+                           local, local_start, spec.block_ids)
+            if any(kind != "release" for _, kind, _, _, _ in actions) and \
+                    c.now() >= spec.expires_at:
                 raise TimeoutError("the prefill's lease on its blocks ended %.1f s ago"
                                    % (c.now() - spec.expires_at))
-            self._link(address, cluster)
-            self._dd.cache_manager.pull_blocks(
-                ldd.BlocksCacheKey(cluster, c.KV_MODEL_ID), self._kv, remote, local,
-                tensor_num_per_layer=1, user_tag=c.tag(spec.xid))
-            if c.now() >= spec.expires_at:
+            moved = 0
+            for q, kind, rem, loc, expected in actions:
+                address, cluster = spec.ranks[q]
+                try:
+                    self._link(address, cluster)
+                    if kind == "release":
+                        self._pull(cluster, c.MAILBOX_MODEL_ID, self._mailbox, [0], [1],
+                                   c.tag(spec.xid, r, expected))
+                        with self._lock:
+                            self._stats["releases"] += 1
+                    else:
+                        cache, model = (self._kv, c.KV_MODEL_ID) if kind == "blocks" else \
+                            (self._rows, c.ROWS_MODEL_ID)
+                        self._pull(cluster, model, cache, rem, loc, c.tag(spec.xid, r, expected))
+                        moved += 1
+                    done.add(q)
+                except Exception as e:  # noqa: BLE001
+                    if isinstance(e, ldd.LLMException):
+                        self._forget_link(cluster)
+                    raise RuntimeError("%s (prefill rank %d at %s): %s"
+                                       % (kind, q, address, e)) from e
+            if moved and c.now() >= spec.expires_at:
                 # The prefill may have reused the blocks while we read them.
                 raise TimeoutError("the read ended after the prefill's lease on its blocks")
-            with self._lock:
-                self._stats["reads"] += 1
-                self._stats["read_blocks"] += len(local)
+            if moved:
+                with self._lock:
+                    self._stats["reads"] += 1
+                    self._stats["read_blocks"] += len(local)
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
-            msg = "request %s: reading %d blocks from %s failed: %s" % (
-                req_id, len(local), address or "the prefill", e)
+            failed = e
+        if failed is not None:
+            msg = "request %s: reading %d blocks from the prefill failed: %s" % (
+                req_id, len(local), failed)
             _log.warning("HixlConnector: %s", msg)
             self.recent_errors.append(msg)
-            if isinstance(e, ldd.LLMException) and cluster is not None:
-                self._forget_link(cluster)
+            self._release_rest(spec, done)
             with self._lock:
                 self._stats["read_failures"] += 1
                 if report:
                     self._failed_recv.add(req_id)
                     self._bad_blocks.update(local)
-        finally:
-            if report:
-                with self._lock:
-                    self._done_recv.add(req_id)
+        if report:
+            with self._lock:
+                self._done_recv.add(req_id)
+
+    def _pull(self, cluster, model, cache, remote, local, user_tag):
+        self._dd.cache_manager.pull_blocks(ldd.BlocksCacheKey(cluster, model), cache, remote,
+                                           local, tensor_num_per_layer=1, user_tag=user_tag)
+
+    def _release_rest(self, spec, done):
+        """After a failure: releases the prefill ranks this rank owes word
+        to and has not told yet (best effort; else their lease frees them)."""
+        try:
+            owed = [q for q, _, _, _, _ in releases_only(spec.tp_size, self._tp_size,
+                                                         self._tp_rank)]
+        except Exception:  # noqa: BLE001
+            return
+        for q in owed:
+            if q in done or q >= len(spec.ranks):
+                continue
+            address, cluster = spec.ranks[q]
+            try:
+                self._link(address, cluster)
+                self._pull(cluster, c.MAILBOX_MODEL_ID, self._mailbox, [0], [1],
+                           c.tag(spec.xid, self._tp_rank, 1))
+            except Exception as e:  # noqa: BLE001
+                _log.info("HixlConnector: releasing prefill rank %d at %s failed too (%s); "
+                          "its lease frees the blocks", q, address, e)
 
     def _on_event(self, ev):
         if ev.kind != ldd.TransferEventKind.PULLED:
             return
-        xid = c.parse_tag(ev.user_tag)
-        if xid is not None:
-            with self._lock:
-                self._notified[xid] = c.now()
+        t = c.parse_tag(ev.user_tag)
+        if t is None:
+            return
+        xid, rank, expected = t
+        with self._lock:
+            n = self._notified.get(xid)
+            if n is None:
+                if len(self._notified) >= 1 << 20:
+                    return              # a flood of unknown ids: the leases still free
+                n = self._notified[xid] = [set(), expected, c.now()]
+            n[0].add(rank)
 
     def finished(self):
         """-> (finished sending, finished receiving) since the last call."""
         t = c.now()
         sent = set()
         with self._lock:
-            for xid in list(self._notified):
-                if xid in self._sending:
+            for xid, (ranks, expected, first) in list(self._notified.items()):
+                if xid in self._sending and len(ranks) >= expected:
                     sent.add(self._sending.pop(xid)[0])
                     del self._notified[xid]
-                elif t - self._notified[xid] > self._opts["lease_ms"] / 1000.0 + 60:
+                elif t - first > self._opts["lease_ms"] / 1000.0 + 60:
                     del self._notified[xid]  # a read of a request never sent here
             for xid, (req_id, expires_at) in list(self._sending.items()):
                 if t >= expires_at:

@@ -21,31 +21,27 @@ import node  # noqa: E402  (tests/vllm)
 LEASE_MS = 5000
 
 
-class Peer:
-    """A Node in a process of its own; calls go through a pipe."""
+class Proc:
+    """A process holding Nodes (node.serve); calls go through a pipe."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=node.serve, args=(child, args, kwargs), daemon=True)
+        self.proc = ctx.Process(target=node.serve, args=(child,), daemon=True)
         self.proc.start()
 
-    def ready(self, timeout=240):
-        self._answer(timeout)
-
-    def _answer(self, timeout):
+    def call(self, msg, timeout):
+        self.conn.send(msg)
         if not self.conn.poll(timeout):
-            raise TimeoutError("node gave no answer in %d s" % timeout)
+            raise TimeoutError("node process gave no answer in %d s" % timeout)
         kind, val = self.conn.recv()
         if kind != "ok":
             raise AssertionError("in the node process:\n" + val)
         return val
 
-    def __getattr__(self, name):
-        def call(*a, **kw):
-            self.conn.send((name, a, kw))
-            return self._answer(kw.get("timeout", 30) + 60)
-        return call
+    def new(self, name, *a, **kw):
+        self.call(("new", name, a, kw), 300)
+        return Ref(self, name)
 
     def close(self):
         try:
@@ -58,25 +54,49 @@ class Peer:
             self.proc.join(10)
 
 
+class Ref:
+    """One Node in a Proc: node.method(...) runs there."""
+
+    def __init__(self, proc, name):
+        self.proc, self.name = proc, name
+
+    def __getattr__(self, method):
+        def call(*a, **kw):
+            return self.proc.call((self.name, method, a, kw), kw.get("timeout", 30) + 60)
+        return call
+
+    def drop(self):
+        self.proc.call(("drop", self.name), 60)
+
+
 @pytest.fixture(scope="module")
 def model_dir():
     with tempfile.TemporaryDirectory(prefix="hixl-vllm-model-") as d:
         yield node.write_model_dir(d)
 
 
+@pytest.fixture(scope="module")
+def procs():
+    """Two processes, the prefill side and the decode side; every instance
+    of the module lives in one of them (vLLM's import is paid twice)."""
+    a, b = Proc(), Proc()
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.fixture(scope="module", params=["shm", "tcp"])
-def pd(request, model_dir):
+def pd(request, procs, model_dir):
     """A prefill (kv_producer) and a decode (kv_consumer) instance."""
     extra = {"transport": request.param, "lease_ms": LEASE_MS}
-    p = Peer(model_dir, "kv_producer", extra)
-    d = Peer(model_dir, "kv_consumer", dict(extra, link_timeout_ms=3000))
-    try:
-        p.ready()
-        d.ready()
-        yield p, d
-    finally:
-        p.close()
-        d.close()
+    p = procs[0].new("p-" + request.param, model_dir, "kv_producer", extra)
+    d = procs[1].new("d-" + request.param, model_dir, "kv_consumer",
+                     dict(extra, link_timeout_ms=3000))
+    yield p, d
+    p.drop()
+    d.drop()
 
 
 @pytest.fixture(autouse=True)
@@ -162,20 +182,26 @@ def test_options_are_checked_with_clear_errors():
 
 def test_kv_layouts_are_described_or_refused():
     import torch
-    from llm_datadist.vllm_connector._worker import (LayoutError, describe_kv_caches,
-                                                     layout_mismatch)
+    from llm_datadist.vllm_connector._plan import LayoutError, mismatch
+    from llm_datadist.vllm_connector._worker import describe_kv_caches
     nb = 8
     cpu = {"l0": torch.zeros(nb, 2, 16, 64), "l1": torch.zeros(nb, 2, 16, 64)}
-    regions, layout = describe_kv_caches(cpu, ["l0", "l1"], nb)
+    regions, layout = describe_kv_caches(cpu, ["l0", "l1"], nb, heads=2, block_tokens=16)
     assert len(regions) == 2 and layout["block_bytes"] == 2 * 16 * 64 * 4
     assert regions[0][0] == cpu["l0"].data_ptr()
-    split = {"l0": torch.zeros(2, nb, 16, 2, 32)}          # K and V apart (flash-attn style)
-    regions, layout2 = describe_kv_caches(split, ["l0"], nb)
+    assert layout["order"] == "HN" and layout["row_bytes"] == 64 * 4
+    split = {"l0": torch.zeros(2, nb, 16, 2, 32)}          # K and V apart (flash-attn NHD)
+    regions, layout2 = describe_kv_caches(split, ["l0"], nb, heads=2, block_tokens=16)
     assert len(regions) == 2 and layout2["split_kv"]
     assert regions[1][0] == split["l0"][1].data_ptr()
+    assert layout2["order"] == "NH" and layout2["row_bytes"] == 32 * 4
     mla = {"l0": torch.zeros(nb, 16, 576, dtype=torch.bfloat16)}  # MLA: one latent per token
-    _, layout3 = describe_kv_caches(mla, ["l0"], nb)
+    _, layout3 = describe_kv_caches(mla, ["l0"], nb, heads=1, block_tokens=16, mla=True)
     assert layout3["block_bytes"] == 16 * 576 * 2
+    assert layout3["order"] == "NH" and layout3["row_bytes"] == 576 * 2
+    _, same = describe_kv_caches({"l0": torch.zeros(nb, 16, 16, 8)}, ["l0"], nb, heads=16,
+                                 block_tokens=16)
+    assert same["order"] is None          # as many heads as tokens: cannot tell
     with pytest.raises(LayoutError, match="neither its first dimension"):
         describe_kv_caches({"l0": torch.zeros(3, 5)}, ["l0"], nb)
     with pytest.raises(LayoutError, match="not contiguous inside"):
@@ -185,19 +211,67 @@ def test_kv_layouts_are_described_or_refused():
         describe_kv_caches({"l0": cross[:, 0], "l1": cross[:, 1]}, ["l0", "l1"], nb)
     with pytest.raises(LayoutError, match="differ"):
         describe_kv_caches({"a": torch.zeros(nb, 4), "b": torch.zeros(nb, 8)}, ["a", "b"], nb)
-    assert layout_mismatch(layout, layout) == ""
-    assert "block_shape" in layout_mismatch(layout, layout3)
+    assert mismatch(layout, layout) == ""
+    assert "block_shape" in mismatch(layout, layout3)
 
 
 def test_worker_handshake_and_shutdown_twice(model_dir):
     n = node.Node(model_dir, "kv_both", {"transport": "tcp", "listen_port": "0"})
-    meta = n.worker.get_handshake_metadata()
+    w = n.workers[0]
+    meta = w.get_handshake_metadata()
     assert meta.address.startswith("127.0.0.1:") and meta.tp_rank == 0
     assert meta.layout["regions"] == node.NUM_LAYERS and meta.layout["split_kv"] is False
+    assert meta.layout["heads"] == node.KV_HEADS and meta.layout["order"] == "HN"
     with pytest.raises(RuntimeError, match="called twice"):
-        n.worker.register_kv_caches(n.kv)
-    n.worker.shutdown()
-    n.worker.shutdown()
+        w.register_kv_caches(n.kv[0])
+    w.shutdown()
+    w.shutdown()
+
+
+def _layout(heads, b, order="HN", row=256, mla=False):
+    return {"layers": 2, "regions": 2, "block_bytes": heads * b * row, "dtype": "torch.float32",
+            "block_shape": [heads, b, row // 4] if order == "HN" else [b, heads, row // 4],
+            "split_kv": False, "heads": heads, "block_tokens": b, "order": order,
+            "row_bytes": row, "mla": mla}
+
+
+def test_plans_pair_blocks_and_rows_for_every_pairing():
+    from llm_datadist.vllm_connector._plan import LayoutError, plan, readers
+    same = _layout(4, 16)
+    # Equal sides: whole blocks, the prefill's blocks from the first local token on.
+    assert plan(same, same, 1, 0, 1, [7, 8], 32, [1, 2, 3, 4]) == \
+        [(0, "blocks", [3, 4], [7, 8], 1)]
+    # Nothing to read: each prefill rank is released by one decode rank.
+    assert plan(same, same, 2, 1, 2, [], 0, [1]) == [(1, "release", [], [], 1)]
+    assert plan(same, same, 2, 1, 1, [], 0, [1]) == []
+    assert plan(same, same, 2, 0, 1, [], 0, [1]) == [(0, "release", [], [], 1)]
+    # Decode TP 2, prefill TP 1: each decode rank reads its two heads; the
+    # prefill hears from both.
+    d2, p1 = _layout(2, 16), _layout(4, 16)
+    (q, kind, rem, loc, n), = plan(d2, p1, 2, 1, 1, [5], 0, [9])
+    assert (q, kind, n) == (0, "rows", 2) and len(rem) == len(loc) == 2 * 16
+    assert rem[0] == (9 * 4 + 2) * 16 and loc[0] == (5 * 2 + 0) * 16   # head 2 -> local head 0
+    # Decode TP 1, prefill TP 4: four reads of one head each.
+    acts = plan(_layout(4, 16), _layout(1, 16), 1, 0, 4, [5], 0, [9])
+    assert [(q, k, n) for q, k, _, _, n in acts] == [(q, "rows", 1) for q in range(4)]
+    assert acts[3][3][0] == (5 * 4 + 3) * 16 and acts[3][2][0] == 9 * 16
+    # Block sizes 16 (prefill) and 32 (decode): one decode block from two prefill blocks.
+    (_, _, rem, loc, _), = plan(_layout(4, 32), _layout(4, 16), 1, 0, 1, [3], 0, [10, 11])
+    assert len(rem) == 4 * 32 and rem[16] == (11 * 4 + 0) * 16 + 0 and loc[16] == (3 * 4) * 32 + 16
+    # Heads outer here, tokens outer there.
+    (_, _, rem, loc, _), = plan(_layout(4, 16), _layout(4, 16, "NH"), 1, 0, 1, [3], 0, [10])
+    assert rem[1] == (10 * 16 + 1) * 4 + 0 and loc[1] == (3 * 4 + 0) * 16 + 1
+    # MLA, decode TP 1 and prefill TP 2: rank 0 reads prefill rank 0 and releases rank 1.
+    m = _layout(1, 16, "NH", 384, mla=True)
+    acts = plan(m, m, 1, 0, 2, [3], 0, [10])
+    assert [(q, k, n) for q, k, _, _, n in acts] == [(0, "rows", 1), (1, "release", 1)]
+    assert readers(0, 1, 2, 1, 1, True) == [0, 1]
+    with pytest.raises(LayoutError, match="row_bytes"):
+        plan(_layout(2, 16, row=128), p1, 2, 0, 1, [5], 0, [9])
+    with pytest.raises(LayoutError, match="KV heads"):
+        plan(_layout(2, 16), _layout(2, 16), 2, 0, 1, [5], 0, [9])
+    with pytest.raises(LayoutError, match="cannot be told apart"):
+        plan(dict(d2, order=None), p1, 2, 0, 1, [5], 0, [9])
 
 
 # ------------------------------------------------------ two real processes
@@ -327,12 +401,14 @@ def test_layout_mismatch_is_refused_with_a_clear_error(pd):
     p, d = pd
     toks = prompt(41, 20)
     params = prefill(p, "lay", toks)
-    layout = dict(params["hixl"]["layout"], block_shape=[2, 16, 128])
+    lay = params["hixl"]["layout"]        # a prefill whose heads are twice as wide
+    layout = dict(lay, block_shape=[4, 16, 128], row_bytes=512, block_bytes=2 * lay["block_bytes"])
     d.add("lay", toks, dict(params, hixl=dict(params["hixl"], layout=layout)), 2)
     d.run(until=["lay"], idle=True)
     s = assert_idle(d)
     assert s["load_errors"]
-    assert any("KV layout differs" in e and "block_shape" in e for e in s["errors"]), s["errors"]
+    assert any("KV layout differs" in e and "row_bytes: here 256, prefill 512" in e
+               for e in s["errors"]), s["errors"]
     p.run(idle=True, timeout=LEASE_MS / 1000.0 + 20)
     assert_idle(p)
 
@@ -365,3 +441,43 @@ def test_start_load_kv_returns_while_a_link_hangs(pd):
     assert s["stats"]["start_load_kv_max_s"] < 1.0, s["stats"]   # the link timeout is 3 s
     p.run(idle=True, timeout=LEASE_MS / 1000.0 + 20)
     assert_idle(p)
+
+
+# Prefill and decode instances that differ: tensor-parallel sizes (each
+# decode rank reads the KV heads it holds), block sizes, the order of heads
+# and tokens inside a block, and MLA (every rank holds the whole latent).
+PAIRINGS = {
+    "tp1-to-tp2": ({"tp": 1}, {"tp": 2}),
+    "tp2-to-tp1": ({"tp": 2}, {"tp": 1}),
+    "tp1-to-tp4": ({"tp": 1}, {"tp": 4}),
+    "tp4-to-tp1": ({"tp": 4}, {"tp": 1}),
+    "block16-to-block32": ({"block_size": 16}, {"block_size": 32}),
+    "block32-to-block16": ({"block_size": 32}, {"block_size": 16}),
+    "heads-outer-to-tokens-outer": ({}, {"order": "NH"}),
+    "mla-tp1-to-tp2": ({"mla": True, "tp": 1}, {"mla": True, "tp": 2}),
+    "mla-tp2-to-tp1": ({"mla": True, "tp": 2}, {"mla": True, "tp": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAIRINGS))
+def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
+    pk, dk = PAIRINGS[name]
+    extra = {"transport": "shm", "lease_ms": LEASE_MS}
+    p = procs[0].new("p-" + name, model_dir, "kv_producer", extra, **pk)
+    d = procs[1].new("d-" + name, model_dir, "kv_consumer", extra, **dk)
+    try:
+        cases = {"a": prompt(50, 70), "b": prompt(51, 9), "c": prompt(52, 32)}
+        params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
+        for rid, toks in cases.items():
+            d.add(rid, toks, params[rid], 2)
+        d.run(until=list(cases), idle=True)
+        s = assert_idle(d)
+        assert s["load_errors"] == [] and s["errors"] == [], s
+        for rid in cases:
+            assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
+        # Every prefill rank heard from every decode rank that read it.
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+        assert_idle(p)
+    finally:
+        p.drop()
+        d.drop()

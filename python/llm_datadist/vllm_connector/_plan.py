@@ -1,0 +1,106 @@
+"""Which prefill blocks a decode worker reads, from which prefill worker, and
+how many reads each prefill worker waits for. Pure functions of the two
+sides' KV layouts (no vLLM, no engine), so every pairing is tested alone.
+
+A layout (describe_kv_caches in _worker) names the per-rank KV heads, the
+block size in tokens, the order of heads and tokens inside a block ("HN":
+heads outer, "NH": tokens outer, None: not known) and the bytes of one row
+(one head's K and V of one token). Two sides with equal layouts and equal
+tensor parallelism move whole blocks. Otherwise -- tensor-parallel sizes
+that differ (each decode rank reads the heads it holds from the prefill
+ranks that hold them), block sizes that differ, or a different order of
+heads and tokens -- they move rows: the same memory registered a second time
+as rows, so a row of one side lands on the matching row of the other."""
+
+
+class LayoutError(ValueError):
+    """KV tensors this connector cannot describe, or two sides that cannot
+    be paired."""
+
+
+# What must be equal for rows to be paired at all.
+_ROW_KEYS = ("layers", "regions", "dtype", "split_kv", "row_bytes", "mla")
+
+
+def mismatch(mine, theirs, keys=None):
+    """'' when the layouts agree on keys (all keys when None), else the
+    differing fields, said plainly."""
+    keys = sorted(set(mine) | set(theirs)) if keys is None else keys
+    return "; ".join("%s: here %r, prefill %r" % (k, mine.get(k), theirs.get(k))
+                     for k in keys if mine.get(k) != theirs.get(k))
+
+
+def readers(q, tp_p, tp_d, h_p, h_d, mla):
+    """The decode ranks that read prefill rank q: those holding any of its
+    KV heads (MLA: every rank holds the whole latent; decode rank r reads
+    prefill rank r mod tp_p)."""
+    if mla:
+        return [r for r in range(tp_d) if r % tp_p == q]
+    return [r for r in range(tp_d) if r * h_d < (q + 1) * h_p and q * h_p < (r + 1) * h_d]
+
+
+def _row(layout, block, head, tok):
+    h, b = layout["heads"], layout["block_tokens"]
+    if layout["order"] == "HN":
+        return (block * h + head) * b + tok
+    return (block * b + tok) * h + head
+
+
+def releases_only(tp_p, tp_d, r):
+    """When nothing is read (the decode request was aborted, or found every
+    block locally): each prefill rank is released by exactly one decode rank."""
+    return [(q, "release", [], [], 1) for q in range(tp_p) if q % tp_d == r]
+
+
+def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
+    """The reads of decode rank r -> [(prefill rank, kind, remote, local, expected)].
+
+    kind: "blocks" (whole blocks: remote and local are block numbers),
+    "rows" (remote and local are row numbers) or "release" (no data: the
+    prefill rank only learns this rank will not read). expected: how many
+    decode ranks the prefill rank hears from for this request. local: the
+    decode blocks to fill, holding the tokens from local_start on;
+    remote_blocks: every prefill block of the request, from token 0.
+    local_start is a multiple of the decode's block size (whole blocks of
+    the local prefix cache come first)."""
+    if not local:
+        return releases_only(tp_p, tp_d, r)
+    if tp_d == tp_p and mine == theirs:
+        first = local_start // mine["block_tokens"]
+        remote = list(remote_blocks[first:first + len(local)])
+        n = len(remote)
+        if n == 0:
+            return [(r, "release", [], [], 1)]
+        return [(r, "blocks", remote, list(local[:n]), 1)]
+    why = mismatch(mine, theirs, _ROW_KEYS)
+    if why:
+        raise LayoutError("the prefill's KV layout differs from this decode's: " + why)
+    if mine["order"] is None or theirs["order"] is None:
+        raise LayoutError("the two sides' KV layouts differ (%s) and the heads and tokens of "
+                          "a block cannot be told apart (as many heads as tokens per block)"
+                          % mismatch(mine, theirs))
+    mla = mine["mla"]
+    h_d, h_p = mine["heads"], theirs["heads"]
+    if not mla and h_d * tp_d != h_p * tp_p:
+        raise LayoutError("the decode holds %d KV heads (%d ranks x %d), the prefill %d "
+                          "(%d x %d)" % (h_d * tp_d, tp_d, h_d, h_p * tp_p, tp_p, h_p))
+    b_d, b_p = mine["block_tokens"], theirs["block_tokens"]
+    t_end = min(len(remote_blocks) * b_p, local_start + len(local) * b_d)
+    out = []
+    for q in range(tp_p):
+        rs = readers(q, tp_p, tp_d, h_p, h_d, mla)
+        if r not in rs:
+            if not rs and q % tp_d == r:
+                out.append((q, "release", [], [], 1))
+            continue
+        heads = [0] if mla else range(max(r * h_d, q * h_p), min((r + 1) * h_d, (q + 1) * h_p))
+        pairs = [(g, t) for g in heads for t in range(local_start, t_end)]
+        if mine["order"] == "NH" and theirs["order"] == "NH":
+            pairs.sort(key=lambda p: (p[1], p[0]))   # tokens outer: rows in runs
+        rem, loc = [], []
+        for g, t in pairs:
+            hp, hd = (0, 0) if mla else (g - q * h_p, g - r * h_d)
+            rem.append(_row(theirs, remote_blocks[t // b_p], hp, t % b_p))
+            loc.append(_row(mine, local[(t - local_start) // b_d], hd, t % b_d))
+        out.append((q, "rows", rem, loc, len(rs)) if rem else (q, "release", [], [], len(rs)))
+    return out
