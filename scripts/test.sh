@@ -122,9 +122,9 @@ if want vllm; then
   fi
   vllm_env_pid=""
   tail -1 build/vllm-env.log
-  (cd python/tests/vllm && PYTHONPATH="$root/build/python" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
+  (cd python/tests && PYTHONPATH="$root/build/python" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
     timeout 900 "$root/build/vllm-venv/bin/python" -m pytest -q -p no:cacheprovider \
-    --durations=5 test_vllm_connector.py)
+    --durations=5 vllm/test_vllm_connector.py)
   end
 fi
 

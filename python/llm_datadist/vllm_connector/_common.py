@@ -14,6 +14,8 @@ DEFAULTS = {
                                   # when no decode read them (the backstop of the notification)
     "link_timeout_ms": 3000,      # making a link to a prefill worker
     "transfer_workers": 4,        # threads that run the reads of the decode side
+    "metadata_server": "",        # "etcd://host:port[,...]": workers publish themselves there
+                                  # and decode links to prefill workers by name, not address
 }
 
 # Notification tags: each read of a prefill worker's cache carries
@@ -68,6 +70,9 @@ def options(extra):
         raise ConfigError("HixlConnector: listen_port %d is not a port" % out["listen_port"])
     if out["transfer_workers"] < 1 or out["transfer_workers"] > 64:
         raise ConfigError("HixlConnector: transfer_workers must be 1..64")
+    if out["metadata_server"] and not out["metadata_server"].startswith("etcd://"):
+        raise ConfigError("HixlConnector: metadata_server must be \"etcd://host:port[,...]\", "
+                          "got %r" % out["metadata_server"])
     if out["lease_ms"] < 1:
         raise ConfigError("HixlConnector: lease_ms must be at least 1")
     return out

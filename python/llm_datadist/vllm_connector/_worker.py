@@ -114,8 +114,14 @@ class Worker:
         cfg = ldd.LLMConfig()
         port = opts["listen_port"] + tp_rank if opts["listen_port"] else 0
         cfg.listen_ip_info = "%s:%d" % (opts["listen_host"], port)
+        engine = {}
         if opts["transport"]:
-            cfg.global_resource_config = {"LinkType": _LINK_TYPES[opts["transport"]]}
+            engine["LinkType"] = _LINK_TYPES[opts["transport"]]
+        if opts["metadata_server"]:
+            # Published as llm-cluster-<cluster id>: decode links by that name.
+            engine["MetadataServer"] = opts["metadata_server"]
+        if engine:
+            cfg.global_resource_config = engine
         self._dd.init(cfg.generate_options())
         cm = self._dd.cache_manager
         # The mailbox: one block a decode reads to release a prefill request
@@ -179,8 +185,9 @@ class Worker:
             if have is not None:  # the prefill worker moved: drop the old link
                 self._dd.unlink_clusters([info], force=True)
                 self._links.pop(cluster, None)
-            host, _, port = address.rpartition(":")
-            info.append_remote_ip_info(host, int(port))
+            if not self._opts["metadata_server"]:   # else by name, through etcd
+                host, _, port = address.rpartition(":")
+                info.append_remote_ip_info(host, int(port))
             ret, rets = self._dd.link_clusters([info], timeout=self._opts["link_timeout_ms"])
             if rets[0] not in (ldd.LLMStatusCode.LLM_SUCCESS, ldd.LLMStatusCode.LLM_ALREADY_LINK):
                 raise ldd.LLMException("cannot link to prefill worker %s (cluster %d): %s"

@@ -178,6 +178,8 @@ def test_options_are_checked_with_clear_errors():
         _common.options({"lease_ms": "soon"})
     with pytest.raises(ConfigError, match="listen_port 70000 is not a port"):
         _common.options({"listen_port": 70000})
+    with pytest.raises(ConfigError, match="metadata_server must be"):
+        _common.options({"metadata_server": "127.0.0.1:2379"})
 
 
 def test_kv_layouts_are_described_or_refused():
@@ -476,6 +478,28 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
         for rid in cases:
             assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
         # Every prefill rank heard from every decode rank that read it.
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+        assert_idle(p)
+    finally:
+        p.drop()
+        d.drop()
+
+
+def test_prefill_workers_are_found_by_name_through_etcd(procs, model_dir, etcd):
+    """With metadata_server, the decode links to the prefill worker by its
+    cluster name in etcd: the address in kv_transfer_params is not used."""
+    extra = {"transport": "tcp", "lease_ms": LEASE_MS, "metadata_server": etcd}
+    p = procs[0].new("p-etcd", model_dir, "kv_producer", extra)
+    d = procs[1].new("d-etcd", model_dir, "kv_consumer", extra)
+    try:
+        toks = prompt(60, 50)
+        params = prefill(p, "etcd", toks)
+        h = params["hixl"]
+        params = dict(params, hixl=dict(h, ranks=[["192.0.2.1:9", h["ranks"][0][1]]]))
+        d.add("etcd", toks, params, 2)
+        d.run(until=["etcd"], idle=True)
+        s = assert_idle(d)
+        assert s["checked"]["etcd"] == [] and s["load_errors"] == [], s
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
         assert_idle(p)
     finally:
