@@ -124,6 +124,14 @@ class HixlConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches):
         self._worker.register_kv_caches(kv_caches)
 
+    def unregister_kv_caches(self):
+        if self._worker is not None:
+            self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self):
+        if self._worker is not None:
+            self._worker.restore_kv_caches()
+
     def get_handshake_metadata(self):
         if self._worker is None or self._worker._layout is None:
             return None

@@ -134,7 +134,7 @@ class Worker:
 
     # -- registration
     def register_kv_caches(self, kv_caches):
-        if self._kv is not None:
+        if self._kv is not None or getattr(self, "_asleep", False):
             raise RuntimeError("HixlConnector: register_kv_caches called twice")
         heads, block_tokens, mla = self._shape
         regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks,
@@ -158,6 +158,23 @@ class Worker:
         _log.info("HixlConnector rank %d: %d KV regions of %d blocks x %d bytes registered; "
                   "engine at %s", self._tp_rank, len(regions), self._num_blocks,
                   layout["block_bytes"], self._dd.local_address)
+
+    def unregister_kv_caches(self):
+        """Before vLLM's sleep mode frees the KV memory: no peer may touch it
+        any more (unregistering waits for peers' transfers in flight)."""
+        cm = self._dd.cache_manager
+        for cache in (self._rows, self._kv):
+            if cache is not None:
+                cm.unregister_cache(cache)
+        self._kv = self._rows = None
+        self._asleep = True
+
+    def restore_kv_caches(self):
+        """After wake-up: the same tensors registered again."""
+        if getattr(self, "_asleep", False):
+            self._asleep = False
+            tensors, self._kv_tensors = self._kv_tensors, None
+            self.register_kv_caches(tensors)
 
     def handshake(self):
         return {"address": self._dd.local_address, "cluster_id": self._cluster,

@@ -260,6 +260,17 @@ class Node:
         for w in self.workers:
             w._worker.recent_errors.clear()
 
+    def sleep(self):
+        """vLLM's sleep mode around the connector: registrations dropped."""
+        for w in self.workers:
+            w.unregister_kv_caches()
+            w.unregister_kv_caches()   # idempotent
+
+    def wake(self):
+        for w in self.workers:
+            w.restore_kv_caches()
+            w.restore_kv_caches()
+
     def shutdown(self):
         for w in self.workers:
             w.shutdown()

@@ -505,3 +505,28 @@ def test_prefill_workers_are_found_by_name_through_etcd(procs, model_dir, etcd):
     finally:
         p.drop()
         d.drop()
+
+
+def test_a_sleeping_prefill_is_not_read_and_serves_again_after_waking(pd):
+    """vLLM's sleep mode frees the KV memory: the connector unregisters it
+    first, so a decode's read fails cleanly (load errors, the request still
+    finishes) instead of touching freed memory; after wake-up reads work."""
+    p, d = pd
+    toks = prompt(70, 40)
+    params = prefill(p, "zz1", toks)
+    p.sleep()
+    d.add("zz1", toks, params, 2)
+    d.run(until=["zz1"], idle=True)
+    s = assert_idle(d)
+    assert s["load_errors"], s
+    p.wake()
+    p.run(idle=True, timeout=LEASE_MS / 1000.0 + 20)
+    assert_idle(p)
+    d.clear()
+    params = prefill(p, "zz2", toks)
+    d.add("zz2", toks, params, 2)
+    d.run(until=["zz2"], idle=True)
+    s = assert_idle(d)
+    assert s["checked"]["zz2"] == [] and s["load_errors"] == [], s
+    p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+    assert_idle(p)

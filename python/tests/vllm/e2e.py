@@ -1,0 +1,183 @@
+"""End to end: a prefill vLLM and a decode vLLM serving one tiny Llama with
+dummy weights on this CPU, HixlConnector moving the KV between them, and
+examples/vllm/pd_proxy.py routing each request prefill -> decode.
+
+Each prompt is asked twice: of the prefill instance alone (an ordinary,
+undisaggregated completion: the reference) and through the proxy. The
+answers must be equal token for token (greedy sampling, identical dummy
+weights), and the decode must report the prompt's tokens as cached -- read
+from the prefill, not computed (its prefix cache has never seen them).
+
+    python e2e.py [--transport tcp|shm] [--requests N]     (scripts/vllm-e2e.sh)
+
+Prints one JSON line with the figures; exits 1 on any difference."""
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+VOCAB = 512
+BLOCK = 32
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_model(path):
+    """A 2-layer Llama config and a word-level tokenizer ("w0" ... "w507")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    os.makedirs(path, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+           "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "head_dim": 32, "num_hidden_layers": 2, "vocab_size": VOCAB,
+           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+           "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
+    vocab.update({"w%d" % i: i + 4 for i in range(VOCAB - 4)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")   # joins words with spaces
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+                   "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+                   "model_max_length": 2048}, f)
+    return path
+
+
+def start(model, port, role, transport, log):
+    kvt = {"kv_connector": "HixlConnector",
+           "kv_connector_module_path": "llm_datadist.vllm_connector",
+           "kv_role": role, "kv_connector_extra_config": {"transport": transport}}
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--served-model-name", "tiny", "--load-format", "dummy", "--dtype", "float32",
+           "--max-model-len", "1024", "--block-size", str(BLOCK), "--max-num-seqs", "8",
+           "--enforce-eager", "--seed", "0", "--host", "127.0.0.1", "--port", str(port),
+           "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(kvt)]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_healthy(procs, timeout):
+    deadline = time.monotonic() + timeout
+    for name, (p, port) in procs.items():
+        while True:
+            if p.poll() is not None:
+                raise RuntimeError("%s vLLM exited (%d) before it was ready" % (name, p.returncode))
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s vLLM not ready in %d s" % (name, timeout))
+            time.sleep(0.5)
+
+
+def complete(url, prompt, max_tokens):
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def stop(p):
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--transport", default="tcp", choices=["tcp", "shm"])
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--ready-timeout", type=int, default=600)
+    a = ap.parse_args()
+    spec = importlib.util.spec_from_file_location(
+        "pd_proxy", os.path.join(ROOT, "examples", "vllm", "pd_proxy.py"))
+    pd_proxy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pd_proxy)
+
+    work = tempfile.mkdtemp(prefix="hixl-vllm-e2e-")
+    model = write_model(os.path.join(work, "model"))
+    ports = {"prefill": free_port(), "decode": free_port()}
+    procs, logs = {}, {}
+    t0 = time.monotonic()
+    failures = []
+    rows = []
+    try:
+        for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+            logs[name] = open(os.path.join(work, name + ".log"), "w")
+            procs[name] = (start(model, ports[name], role, a.transport, logs[name]), ports[name])
+        wait_healthy(procs, a.ready_timeout)
+        ready_s = time.monotonic() - t0
+        prefill_url = "http://127.0.0.1:%d" % ports["prefill"]
+        proxy = pd_proxy.make_server("127.0.0.1", 0, [prefill_url],
+                                     ["http://127.0.0.1:%d" % ports["decode"]], timeout_s=300)
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        proxy_url = "http://127.0.0.1:%d" % proxy.server_port
+        for i in range(a.requests):
+            n = (40, 97, 7, 160, 33, 64)[i % 6] + i
+            prompt = " ".join("w%d" % ((i * 37 + k * 11) % (VOCAB - 8) + 4) for k in range(n))
+            ref = complete(prefill_url, prompt, a.max_tokens)
+            t = time.monotonic()
+            out = complete(proxy_url, prompt, a.max_tokens)
+            ms = (time.monotonic() - t) * 1000
+            usage = out.get("usage") or {}
+            cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+            row = {"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached,
+                   "same": ref["choices"][0]["text"] == out["choices"][0]["text"],
+                   "pd_ms": round(ms, 1)}
+            rows.append(row)
+            if not row["same"]:
+                failures.append("prompt %d: decode answered %r, the prefill alone %r"
+                                % (i, out["choices"][0]["text"], ref["choices"][0]["text"]))
+            if cached < (usage.get("prompt_tokens") or 0) - BLOCK:
+                failures.append("prompt %d: the decode found %d of %d prompt tokens"
+                                % (i, cached, usage.get("prompt_tokens")))
+        proxy.shutdown()
+    except Exception as e:  # noqa: BLE001
+        failures.append("%s: %s" % (type(e).__name__, e))
+        ready_s = None
+    finally:
+        for p, _ in procs.values():
+            stop(p)
+        for f in logs.values():
+            f.close()
+    print(json.dumps({"transport": a.transport, "ready_s": ready_s, "requests": rows,
+                      "failures": failures, "logs": work}))
+    if failures:
+        for name in logs:
+            sys.stderr.write("--- %s log (last 40 lines)\n" % name)
+            with open(os.path.join(work, name + ".log")) as f:
+                sys.stderr.writelines(f.readlines()[-40:])
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
