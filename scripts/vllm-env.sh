@@ -7,7 +7,7 @@
 # It is several GB (vLLM pulls a CUDA build of torch); on a host with no GPU
 # vLLM runs its CPU platform (VLLM_TARGET_DEVICE=cpu). The interpreter is
 # $HIXL_VLLM_PYTHON, else python3, as long as it has the minor version the
-# Python modules are built for (/usr/bin/python3); else /usr/bin/python3.
+# Python modules are built for (scripts/venv-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION=0.33.0
@@ -25,15 +25,10 @@ if have_all; then
   exit 0
 fi
 
-want=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-py="${HIXL_VLLM_PYTHON:-python3}"
-have=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
-[ "$have" = "$want" ] || py=/usr/bin/python3
-rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
-"$py" -m venv "$venv"
+source scripts/venv-lib.sh
+new_venv "$venv"
 t0=$(date +%s)
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   -c scripts/vllm-constraints.txt "vllm==$VLLM_VERSION" "pytest==$PYTEST_VERSION"
 have_all || { echo "vllm-env: $venv is incomplete after the install" >&2; exit 1; }
-echo "vllm-env: installed vllm $VLLM_VERSION into $venv with $py in $(( $(date +%s) - t0 )) s ($(du -sh "$venv" | cut -f1))"
+echo "vllm-env: installed vllm $VLLM_VERSION into $venv with $venv_py in $(( $(date +%s) - t0 )) s ($(du -sh "$venv" | cut -f1))"

@@ -1,5 +1,5 @@
 """End to end: a prefill vLLM and a decode vLLM serving one tiny Llama with
-dummy weights on this CPU, HixlConnector moving the KV between them, and
+random weights on this CPU, HixlConnector moving the KV between them, and
 examples/vllm/pd_proxy.py routing each request prefill -> decode.
 
 Each prompt is asked twice: of the prefill instance alone (an ordinary,
@@ -7,6 +7,8 @@ undisaggregated completion: the reference) and through the proxy. The
 answers must be equal token for token (greedy sampling, identical dummy
 weights), and the decode must report the prompt's tokens as cached -- read
 from the prefill, not computed (its prefix cache has never seen them).
+A control shows the comparison has teeth: a decode handed the blocks of
+another prompt (wrong KV, read all the same) must answer differently.
 
     python e2e.py [--transport tcp|shm] [--requests N]     (scripts/vllm-e2e.sh)
 
@@ -37,16 +39,40 @@ def free_port():
 
 
 def write_model(path):
-    """A 2-layer Llama config and a word-level tokenizer ("w0" ... "w507")."""
+    """A 2-layer Llama with random weights (fixed seed; large enough that the
+    answer depends on the context, which vLLM's dummy weights, near zero,
+    hardly do) and a word-level tokenizer ("w0" ... "w507")."""
+    import torch
+    from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     os.makedirs(path, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-           "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4,
-           "head_dim": 32, "num_hidden_layers": 2, "vocab_size": VOCAB,
-           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
-           "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+    hidden, inter, heads, kv_heads, hd, layers = 256, 512, 8, 4, 32, 2
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": inter, "num_attention_heads": heads,
+           "num_key_value_heads": kv_heads, "head_dim": hd, "num_hidden_layers": layers,
+           "vocab_size": VOCAB, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+           "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+           "tie_word_embeddings": False}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) * (1.0 / shape[-1] ** 0.5) * 2.0
+    t = {"model.embed_tokens.weight": w(VOCAB, hidden), "model.norm.weight": torch.ones(hidden),
+         "lm_head.weight": w(VOCAB, hidden)}
+    for i in range(layers):
+        p = "model.layers.%d." % i
+        t.update({p + "self_attn.q_proj.weight": w(heads * hd, hidden),
+                  p + "self_attn.k_proj.weight": w(kv_heads * hd, hidden),
+                  p + "self_attn.v_proj.weight": w(kv_heads * hd, hidden),
+                  p + "self_attn.o_proj.weight": w(hidden, heads * hd),
+                  p + "mlp.gate_proj.weight": w(inter, hidden),
+                  p + "mlp.up_proj.weight": w(inter, hidden),
+                  p + "mlp.down_proj.weight": w(hidden, inter),
+                  p + "input_layernorm.weight": torch.ones(hidden),
+                  p + "post_attention_layernorm.weight": torch.ones(hidden)})
+    save_file(t, os.path.join(path, "model.safetensors"))
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
     vocab.update({"w%d" % i: i + 4 for i in range(VOCAB - 4)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -67,7 +93,7 @@ def start(model, port, role, transport, log):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", "tiny", "--load-format", "dummy", "--dtype", "float32",
+           "--served-model-name", "tiny", "--dtype", "float32",
            "--max-model-len", "1024", "--block-size", str(BLOCK), "--max-num-seqs", "8",
            "--enforce-eager", "--seed", "0", "--host", "127.0.0.1", "--port", str(port),
            "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(kvt)]
@@ -101,6 +127,26 @@ def complete(url, prompt, max_tokens):
         return json.loads(r.read())
 
 
+def post(url, path, body):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def control(prefill_url, decode_url, prompt, other, max_tokens, reference):
+    """Prefill another prompt of the same length by hand, then ask the decode
+    for prompt with that prompt's kv_transfer_params: it reads the wrong
+    blocks, and its answer must differ from the reference."""
+    first = post(prefill_url, "/v1/completions",
+                 {"model": "tiny", "prompt": other, "temperature": 0, "max_tokens": 1,
+                  "kv_transfer_params": {"do_remote_decode": True}})
+    out = post(decode_url, "/v1/completions",
+               {"model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True,
+                "max_tokens": max_tokens, "kv_transfer_params": first["kv_transfer_params"]})
+    return out["choices"][0]["text"] != reference
+
+
 def stop(p):
     if p.poll() is None:
         os.killpg(p.pid, signal.SIGTERM)
@@ -130,6 +176,7 @@ def main():
     t0 = time.monotonic()
     failures = []
     rows = []
+    control_differs = None
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             logs[name] = open(os.path.join(work, name + ".log"), "w")
@@ -152,6 +199,7 @@ def main():
             cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
             row = {"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached,
                    "same": ref["choices"][0]["text"] == out["choices"][0]["text"],
+                   "answer": out["choices"][0]["text"][:40],
                    "pd_ms": round(ms, 1)}
             rows.append(row)
             if not row["same"]:
@@ -160,6 +208,15 @@ def main():
             if cached < (usage.get("prompt_tokens") or 0) - BLOCK:
                 failures.append("prompt %d: the decode found %d of %d prompt tokens"
                                 % (i, cached, usage.get("prompt_tokens")))
+        # The control: two prompts of four blocks with the same last word.
+        prompt = " ".join("w%d" % ((k * 13) % (VOCAB - 8) + 4) for k in range(4 * BLOCK))
+        other = " ".join("w%d" % ((k * 29 + 5) % (VOCAB - 8) + 4) for k in range(4 * BLOCK - 1))
+        other += " " + prompt.split()[-1]
+        ref = complete(prefill_url, prompt, a.max_tokens)["choices"][0]["text"]
+        control_differs = control(prefill_url, "http://127.0.0.1:%d" % ports["decode"], prompt,
+                                  other, a.max_tokens, ref)
+        if not control_differs:
+            failures.append("control: wrong KV gave the reference answer; the check has no teeth")
         proxy.shutdown()
     except Exception as e:  # noqa: BLE001
         failures.append("%s: %s" % (type(e).__name__, e))
@@ -170,7 +227,7 @@ def main():
         for f in logs.values():
             f.close()
     print(json.dumps({"transport": a.transport, "ready_s": ready_s, "requests": rows,
-                      "failures": failures, "logs": work}))
+                      "control_differs": control_differs, "failures": failures, "logs": work}))
     if failures:
         for name in logs:
             sys.stderr.write("--- %s log (last 40 lines)\n" % name)

