@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,8 +227,11 @@ def main():
             stop(p)
         for f in logs.values():
             f.close()
+    if not failures:
+        shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
     print(json.dumps({"transport": a.transport, "ready_s": ready_s, "requests": rows,
-                      "control_differs": control_differs, "failures": failures, "logs": work}))
+                      "control_differs": control_differs, "failures": failures,
+                      "logs": work if failures else None}))
     if failures:
         for name in logs:
             sys.stderr.write("--- %s log (last 40 lines)\n" % name)

@@ -99,6 +99,10 @@ def pd(request, procs, model_dir):
     d.drop()
 
 
+# The failure paths are the connector's, not a transport's: tcp only.
+TCP_ONLY = pytest.mark.parametrize("pd", ["tcp"], indirect=True)
+
+
 @pytest.fixture(autouse=True)
 def _fresh(request):
     """Each test starts with no load errors or messages left from the last."""
@@ -353,6 +357,7 @@ def test_decode_abort_during_the_read_frees_everything(pd):
     assert_idle(p)
 
 
+@TCP_ONLY
 def test_prefill_abort_offers_nothing(pd):
     p, _ = pd
     p.add("ab3", prompt(22, 300), {"do_remote_decode": True}, 1)
@@ -362,6 +367,7 @@ def test_prefill_abort_offers_nothing(pd):
     assert_idle(p)
 
 
+@TCP_ONLY
 def test_lease_frees_unread_prefill_blocks_and_a_late_read_fails_cleanly(pd):
     p, d = pd
     toks = prompt(30, 33)
@@ -382,6 +388,7 @@ def test_lease_frees_unread_prefill_blocks_and_a_late_read_fails_cleanly(pd):
     assert any("lease" in e for e in s["errors"]), s["errors"]
 
 
+@TCP_ONLY
 def test_unreachable_prefill_is_a_load_error_not_a_crash(pd):
     p, d = pd
     toks = prompt(40, 50)
@@ -399,6 +406,7 @@ def test_unreachable_prefill_is_a_load_error_not_a_crash(pd):
     assert_idle(p)
 
 
+@TCP_ONLY
 def test_layout_mismatch_is_refused_with_a_clear_error(pd):
     p, d = pd
     toks = prompt(41, 20)
@@ -415,6 +423,7 @@ def test_layout_mismatch_is_refused_with_a_clear_error(pd):
     assert_idle(p)
 
 
+@TCP_ONLY
 def test_malformed_params_are_computed_locally(pd):
     _, d = pd
     toks = prompt(42, 20)
@@ -425,6 +434,7 @@ def test_malformed_params_are_computed_locally(pd):
     assert "junk" in s["finished"]
 
 
+@TCP_ONLY
 def test_start_load_kv_returns_while_a_link_hangs(pd):
     """A prefill address that accepts connections and never answers: the
     link waits for its timeout on the read pool, not in start_load_kv."""
