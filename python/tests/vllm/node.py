@@ -260,6 +260,18 @@ class Node:
         for w in self.workers:
             w._worker.recent_errors.clear()
 
+    def handshake_check(self):
+        """Rank 0's handshake metadata, and what a second register_kv_caches says."""
+        w = self.workers[0]
+        meta = w.get_handshake_metadata()
+        try:
+            w.register_kv_caches(self.kv[0])
+            again = None
+        except RuntimeError as e:
+            again = str(e)
+        return {"address": meta.address, "tp_rank": meta.tp_rank, "layout": meta.layout,
+                "again": again}
+
     def sleep(self):
         """vLLM's sleep mode around the connector: registrations dropped."""
         for w in self.workers:

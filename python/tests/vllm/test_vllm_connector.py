@@ -221,17 +221,14 @@ def test_kv_layouts_are_described_or_refused():
     assert "block_shape" in mismatch(layout, layout3)
 
 
-def test_worker_handshake_and_shutdown_twice(model_dir):
-    n = node.Node(model_dir, "kv_both", {"transport": "tcp", "listen_port": "0"})
-    w = n.workers[0]
-    meta = w.get_handshake_metadata()
-    assert meta.address.startswith("127.0.0.1:") and meta.tp_rank == 0
-    assert meta.layout["regions"] == node.NUM_LAYERS and meta.layout["split_kv"] is False
-    assert meta.layout["heads"] == node.KV_HEADS and meta.layout["order"] == "HN"
-    with pytest.raises(RuntimeError, match="called twice"):
-        w.register_kv_caches(n.kv[0])
-    w.shutdown()
-    w.shutdown()
+def test_worker_handshake_and_shutdown_twice(procs, model_dir):
+    n = procs[0].new("hs", model_dir, "kv_both", {"transport": "tcp", "listen_port": "0"})
+    h = n.handshake_check()
+    assert h["address"].startswith("127.0.0.1:") and h["tp_rank"] == 0
+    assert h["layout"]["regions"] == node.NUM_LAYERS and h["layout"]["split_kv"] is False
+    assert h["layout"]["heads"] == node.KV_HEADS and h["layout"]["order"] == "HN"
+    assert "called twice" in h["again"]
+    n.drop()     # shuts every worker role down twice (node.Node.shutdown)
 
 
 def _layout(heads, b, order="HN", row=256, mla=False):
