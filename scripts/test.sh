@@ -67,7 +67,7 @@ start_vllm_env() {
     mkdir -p build
     rm -f build/vllm-env.rc
     low=(nice -n 19)
-    command -v ionice >/dev/null && low+=(ionice -c 3)
+    ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
     (
       rc=0
       "${low[@]}" bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 || rc=$?
