@@ -10,7 +10,7 @@
 #             stage), then a prefill and a decode vLLM serving a model end to end
 #             (python/tests/vllm/e2e.py)
 #   tsan      ThreadSanitizer build; every test
-#   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (45) under ASan+UBSan
+#   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (30) under ASan+UBSan
 #   package   the installed tree as a user meets it (tests/install/check_installed.sh):
 #             cmake --install into a prefix, then moved; then the .deb packages
 #             (cpack) installed with apt-get under /usr, checked, and removed
@@ -165,7 +165,7 @@ if want tsan; then
 fi
 
 if want fuzz; then
-  fuzz_secs="${HIXL_FUZZ_SECONDS:-45}"
+  fuzz_secs="${HIXL_FUZZ_SECONDS:-30}"
   begin fuzz "every parser of untrusted bytes under libFuzzer + ASan/UBSan, ${fuzz_secs} s each"
   targets=(control datadist handle lane cs discovery)
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \

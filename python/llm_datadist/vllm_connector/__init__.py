@@ -34,7 +34,7 @@ from ._common import ConfigError  # noqa: F401
 __all__ = ["HixlConnector", "HixlConnectorMetadata", "HixlHandshakeMetadata", "HixlStats",
            "ConfigError"]
 
-_log = logging.getLogger("llm_datadist.vllm_connector")
+_log = logging.getLogger(_common.LOGGER)
 
 
 @dataclasses.dataclass

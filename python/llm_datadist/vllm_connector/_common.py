@@ -5,6 +5,10 @@ Nothing here imports vLLM; the scheduler and worker parts do."""
 import hashlib
 import time
 
+# The connector logs into vLLM's own log (vLLM configures the "vllm" logger:
+# its handler, format and VLLM_LOGGING_LEVEL).
+LOGGER = "vllm.hixl_connector"
+
 # kv_connector_extra_config keys and their defaults.
 DEFAULTS = {
     "listen_host": "127.0.0.1",   # the worker engine's address (decode reads from it)
@@ -13,6 +17,10 @@ DEFAULTS = {
     "lease_ms": 120000,           # prefill blocks are freed this long after the prefill ended,
                                   # when no decode read them (the backstop of the notification)
     "link_timeout_ms": 3000,      # making a link to a prefill worker
+    "transfer_timeout_ms": 30000, # one read or write of a request's blocks (a transfer
+                                  # still running then is stopped and writes nothing later)
+    "mode": "pull",               # decode: "pull" reads the prefill's blocks; "push" asks the
+                                  # prefill to write them into this decode's blocks
     "transfer_workers": 4,        # threads that run the reads of the decode side
     "metadata_server": "",        # "etcd://host:port[,...]": workers publish themselves there
                                   # and decode links to prefill workers by name, not address
@@ -31,6 +39,20 @@ KV_MODEL_ID = 0
 MAILBOX_MODEL_ID = 1
 ROWS_MODEL_ID = 2
 MAILBOX_BYTES = 64
+# Push mode (_push): each worker's "asks", pages a decode writes what it wants
+# pushed into and a prefill reads (and uses as scratch for what it read).
+ASKS_MODEL_ID = 3
+ASK_PAGE = 4096
+ASK_PAGES = 512           # 2 MiB per worker
+ASK_MAX_PAGES = 64        # one ask: up to 256 KiB (tens of thousands of blocks)
+
+# Push mode's tags: decode -> prefill (a read of the prefill's mailbox)
+# "hvp1 <xid> <decode rank> <first page> <pages> <decode cluster> <decode address>";
+# prefill -> decode, after the data: "hvd1 <xid> <prefill rank>" (on the KV
+# blocks it wrote) or "hvx1 <xid> <prefill rank>" (on the mailbox: it will not write).
+ASK_TAG = "hvp1 "
+PUSHED_TAG = "hvd1 "
+REFUSED_TAG = "hvx1 "
 
 # The version of the "hixl" entry of kv_transfer_params.
 PARAMS_VERSION = 1
@@ -63,6 +85,11 @@ def options(extra):
         elif not isinstance(v, str):
             raise ConfigError("HixlConnector: %s must be a string, got %r" % (k, v))
         out[k] = v
+    if out["mode"] not in ("pull", "push"):
+        raise ConfigError("HixlConnector: mode must be \"pull\" or \"push\", got %r"
+                          % out["mode"])
+    if not 1 <= out["transfer_timeout_ms"] <= 3600000:
+        raise ConfigError("HixlConnector: transfer_timeout_ms must be 1..3600000")
     if out["transport"] not in ("", "shm", "tcp", "ucx"):
         raise ConfigError("HixlConnector: transport must be \"\", \"shm\", \"tcp\" or \"ucx\", "
                           "got %r" % out["transport"])
@@ -107,6 +134,51 @@ def parse_tag(user_tag):
     return xid, rank, expected
 
 
+def ask_tag(xid, rank, page, pages, cluster, address):
+    return "%s%d %d %d %d %d %s" % (ASK_TAG, xid, rank, page, pages, cluster, address)
+
+
+def parse_ask_tag(user_tag):
+    """(xid, decode rank, first page, pages, decode cluster, decode address)
+    of an ask's tag, or None (malformed tags come from the network too)."""
+    if not user_tag.startswith(ASK_TAG):
+        return None
+    parts = user_tag[len(ASK_TAG):].split(" ")
+    if len(parts) != 6:
+        return None
+    try:
+        xid, rank, page, pages, cluster = (int(x) for x in parts[:5])
+    except ValueError:
+        return None
+    host, _, port = parts[5].rpartition(":")
+    if not (0 <= xid < 2**63 and 0 <= rank < 4096 and 0 <= page < ASK_PAGES
+            and 1 <= pages <= ASK_MAX_PAGES and page + pages <= ASK_PAGES
+            and 0 <= cluster < 2**63 and host and port.isdigit() and int(port) < 65536):
+        return None
+    return xid, rank, page, pages, cluster, parts[5]
+
+
+def answer_tag(pushed, xid, rank):
+    return "%s%d %d" % (PUSHED_TAG if pushed else REFUSED_TAG, xid, rank)
+
+
+def parse_answer_tag(user_tag):
+    """(pushed, xid, prefill rank) of a prefill's answer to an ask, or None."""
+    for pushed, head in ((True, PUSHED_TAG), (False, REFUSED_TAG)):
+        if user_tag.startswith(head):
+            parts = user_tag[len(head):].split(" ")
+            if len(parts) != 2:
+                return None
+            try:
+                xid, rank = int(parts[0]), int(parts[1])
+            except ValueError:
+                return None
+            if 0 <= xid < 2**63 and 0 <= rank < 4096:
+                return pushed, xid, rank
+            return None
+    return None
+
+
 def now():
     """Wall-clock seconds: lease deadlines travel between hosts."""
     return time.time()
@@ -117,7 +189,7 @@ class RemoteSpec:
     kv_transfer_params (bytes from another process: every field checked)."""
 
     __slots__ = ("request_id", "engine_id", "block_ids", "ranks", "xid", "expires_at",
-                 "block_size", "layout", "tp_size")
+                 "block_size", "layout", "tp_size", "xfer_ms")
 
     @classmethod
     def parse(cls, params):
@@ -162,6 +234,12 @@ class RemoteSpec:
             raise ValueError("tp_size %d but %d ranks" % (s.tp_size, len(s.ranks)))
         if not isinstance(s.expires_at, (int, float)) or isinstance(s.expires_at, bool):
             raise ValueError("kv_transfer_params[\"hixl\"][\"expires_at\"] must be a time")
+        # The prefill's transfer timeout: a push it started before its lease
+        # ended writes nothing after expires_at + xfer_ms.
+        s.xfer_ms = h.get("xfer_ms", DEFAULTS["transfer_timeout_ms"])
+        if not isinstance(s.xfer_ms, int) or isinstance(s.xfer_ms, bool) or \
+                not 1 <= s.xfer_ms <= 3600000:
+            raise ValueError("kv_transfer_params[\"hixl\"][\"xfer_ms\"] must be 1..3600000 ms")
         s.layout = h.get("layout")
         if not isinstance(s.layout, dict):
             raise ValueError("kv_transfer_params[\"hixl\"][\"layout\"] must be a dict")

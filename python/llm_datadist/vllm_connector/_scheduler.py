@@ -14,7 +14,7 @@ import secrets
 
 from . import _common as c
 
-_log = logging.getLogger("llm_datadist.vllm_connector")
+_log = logging.getLogger(c.LOGGER)
 
 
 class Scheduler:
@@ -123,7 +123,7 @@ class Scheduler:
             return False, None
         xid = secrets.randbits(62)
         expires_at = c.now() + self._opts["lease_ms"] / 1000.0
-        self._send[rid] = (xid, expires_at)
+        self._send[rid] = (xid, expires_at, list(block_ids))
         host, _, port = self._ranks[0][0].rpartition(":")
         return True, {
             "do_remote_prefill": True,
@@ -136,5 +136,6 @@ class Scheduler:
             "remote_num_tokens": len(request.prompt_token_ids or ()),
             "hixl": {"v": c.PARAMS_VERSION, "ranks": [list(r) for r in self._ranks],
                      "xid": xid, "expires_at": expires_at, "block_size": self._block_size,
-                     "tp_size": self._tp_size, "layout": self._layout},
+                     "tp_size": self._tp_size, "layout": self._layout,
+                     "xfer_ms": self._opts["transfer_timeout_ms"]},
         }

@@ -12,8 +12,9 @@ import llm_datadist as ldd
 
 from . import _common as c
 from ._plan import LayoutError, plan, releases_only
+from ._push import Pages, Wait, encode_ask, parse_ask
 
-_log = logging.getLogger("llm_datadist.vllm_connector")
+_log = logging.getLogger(c.LOGGER)
 
 _ROLES = {"kv_producer": ldd.LLMRole.PROMPT, "kv_consumer": ldd.LLMRole.DECODER,
           "kv_both": ldd.LLMRole.MIX}
@@ -101,8 +102,15 @@ class Worker:
         self._bad_blocks = set()
         self._links = {}          # cluster id -> address linked
         self._link_locks = {}
+        self._waits = {}          # decode, push mode: xid -> Wait
+        self._pushing = collections.Counter()   # prefill: xid -> writes in flight
+        self._served = {}         # prefill: xid -> decode ranks whose ask was taken
+        self._said_push = False
+        self._early = {}          # prefill: xid -> [(ask, time)] come before the step that
+                                  # tells this worker of the request
         self._stats = {"reads": 0, "read_blocks": 0, "read_failures": 0, "releases": 0,
-                       "lease_expiries": 0}
+                       "lease_expiries": 0, "pushes": 0, "pushed_blocks": 0,
+                       "push_failures": 0}
         self.recent_errors = collections.deque(maxlen=32)   # the last failures, said plainly
         self._closed = False
         self._kv = self._rows = None
@@ -114,6 +122,7 @@ class Worker:
         cfg = ldd.LLMConfig()
         port = opts["listen_port"] + tp_rank if opts["listen_port"] else 0
         cfg.listen_ip_info = "%s:%d" % (opts["listen_host"], port)
+        cfg.sync_kv_timeout = opts["transfer_timeout_ms"]
         engine = {}
         if opts["transport"]:
             engine["LinkType"] = _LINK_TYPES[opts["transport"]]
@@ -130,6 +139,15 @@ class Worker:
         self._mailbox = cm.register_blocks_cache(
             ldd.CacheDesc(1, [2, c.MAILBOX_BYTES], ldd.DataType.DT_UINT8, ldd.Placement.HOST),
             [self._mailbox_mem], ldd.BlocksCacheKey(self._cluster, c.MAILBOX_MODEL_ID))
+        # Push mode's asks (_push): a decode writes them here, a prefill reads
+        # them from there into its own pages.
+        self._asks_mem = cm.allocate_host_memory(c.ASK_PAGES * c.ASK_PAGE)
+        self._asks_view = memoryview(self._asks_mem)
+        self._asks = cm.register_blocks_cache(
+            ldd.CacheDesc(1, [c.ASK_PAGES, c.ASK_PAGE], ldd.DataType.DT_UINT8,
+                          ldd.Placement.HOST),
+            [self._asks_mem], ldd.BlocksCacheKey(self._cluster, c.ASKS_MODEL_ID))
+        self._pages = Pages(c.ASK_PAGES)
         cm.set_transfer_callback(self._on_event)
 
     # -- registration
@@ -184,9 +202,13 @@ class Worker:
     def start(self, meta):
         """Takes this step's metadata: new prefill requests to release later,
         and reads to start (returns at once; they run on the pool)."""
+        early = []
         with self._lock:
-            for req_id, (xid, expires_at) in meta.reqs_to_send.items():
-                self._sending[xid] = (req_id, expires_at)
+            for req_id, (xid, expires_at, blocks) in meta.reqs_to_send.items():
+                self._sending[xid] = (req_id, expires_at, blocks)
+                early += [a for a, _ in self._early.pop(xid, ())]
+        for ask in early:
+            self._take_ask(ask)
         for req_id, (spec, local, local_start, report) in meta.reqs_to_recv.items():
             self._pool.submit(self._read, req_id, spec, local, local_start, report)
 
@@ -241,6 +263,9 @@ class Worker:
                     c.now() >= spec.expires_at:
                 raise TimeoutError("the prefill's lease on its blocks ended %.1f s ago"
                                    % (c.now() - spec.expires_at))
+            if self._opts["mode"] == "push" and any(a[1] != "release" for a in actions) and \
+                    self._ask(req_id, spec, local, local_start, report, actions):
+                return
             moved = 0
             for q, kind, rem, loc, expected in actions:
                 address, cluster = spec.ranks[q]
@@ -310,13 +335,168 @@ class Worker:
                 _log.info("HixlConnector: releasing prefill rank %d at %s failed too (%s); "
                           "its lease frees the blocks", q, address, e)
 
-    def _on_event(self, ev):
-        if ev.kind != ldd.TransferEventKind.PULLED:
-            return
-        t = c.parse_tag(ev.user_tag)
-        if t is None:
-            return
-        xid, rank, expected = t
+    # -- push mode, decode side
+    def _ask(self, req_id, spec, local, local_start, report, actions):
+        """Asks the prefill ranks holding the request's data to write it into
+        local (and releases the others). False when the ask does not fit the
+        free pages: the caller reads instead."""
+        r = self._tp_rank
+        rec = encode_ask(spec.xid, r, self._tp_size, self._layout, local, local_start)
+        n = -(-len(rec) // c.ASK_PAGE)
+        deadline = spec.expires_at + spec.xfer_ms / 1000.0 + 2.0
+        with self._lock:
+            page = self._pages.alloc(n) if n <= c.ASK_MAX_PAGES else None
+            if page is None or spec.xid in self._waits:
+                if page is not None:
+                    self._pages.free(page, n)
+                return False
+            w = self._waits[spec.xid] = Wait(req_id, deadline, list(local), report, page, n)
+        at = page * c.ASK_PAGE
+        self._asks_view[at:at + n * c.ASK_PAGE] = rec + bytes(n * c.ASK_PAGE - len(rec))
+        my_tag = c.ask_tag(spec.xid, r, page, n, self._cluster, self._dd.local_address)
+        for q, kind, _, _, expected in actions:
+            address, cluster = spec.ranks[q]
+            data = kind != "release"
+            try:
+                self._link(address, cluster)
+            except Exception as e:  # noqa: BLE001 -- not linked: it was not asked
+                self._note_ask_failure(w, data, q, address, e)
+                continue
+            if data:
+                with self._lock:
+                    w.asked.add(q)    # before the ask: its answer may come at once
+            try:
+                self._pull(cluster, c.MAILBOX_MODEL_ID, self._mailbox, [0], [1],
+                           my_tag if data else c.tag(spec.xid, r, expected))
+            except Exception as e:  # noqa: BLE001 -- it may have heard: wait for it
+                self._forget_link(cluster)
+                self._note_ask_failure(w, data, q, address, e)
+        with self._lock:
+            w.asking = False
+        return True
+
+    def _note_ask_failure(self, w, data, q, address, e):
+        if data:
+            with self._lock:
+                w.errors.append("asking prefill rank %d at %s: %s" % (q, address, e))
+        else:     # a release only: that rank's lease frees its blocks
+            _log.info("HixlConnector: releasing prefill rank %d at %s failed (%s); its lease "
+                      "frees the blocks", q, address, e)
+
+    def _settle_waits(self, t):
+        """Decode, push mode: asks every asked rank answered (or whose
+        deadline passed) end; their requests are reported. Lock held."""
+        for xid, w in list(self._waits.items()):
+            if not w.settled(t):
+                continue
+            del self._waits[xid]
+            self._pages.free(w.page, w.pages)
+            why = w.failure()
+            if not why:
+                self._stats["reads"] += 1
+                self._stats["read_blocks"] += len(w.local)
+            else:
+                msg = "request %s: the prefill did not write %d blocks: %s" % (
+                    w.req_id, len(w.local), why)
+                _log.warning("HixlConnector: %s", msg)
+                self.recent_errors.append(msg)
+                self._stats["read_failures"] += 1
+                if w.report:
+                    self._failed_recv.add(w.req_id)
+                    self._bad_blocks.update(w.local)
+            if w.report:
+                self._done_recv.add(w.req_id)
+
+    # -- push mode, prefill side
+    def _take_ask(self, ask):
+        xid, rank = ask[0], ask[1]
+        with self._lock:
+            if xid not in self._sending:
+                # The decode may ask before this worker's next step tells it of
+                # the request: kept a while (bounded; its lease frees the rest).
+                if len(self._early) < 4096:
+                    self._early.setdefault(xid, []).append((ask, c.now()))
+                return
+            served = self._served.setdefault(xid, set())
+            if rank in served:
+                return     # asked twice
+            served.add(rank)
+            self._pushing[xid] += 1
+        try:
+            self._pool.submit(self._serve, *ask)
+        except RuntimeError:    # shutting down
+            with self._lock:
+                self._pushing[xid] -= 1
+
+    def _serve(self, xid, rank, page, pages, cluster, address):
+        """Reads a decode rank's ask, writes this rank's part of the request
+        into its blocks, or answers that it will not."""
+        expected, mine = 1, None
+        try:
+            self._link(address, cluster)
+            with self._lock:
+                mine = self._pages.alloc(pages)
+            if mine is None:
+                raise RuntimeError("no free ask pages on this prefill worker")
+            self._dd.cache_manager.pull_blocks(
+                ldd.BlocksCacheKey(cluster, c.ASKS_MODEL_ID), self._asks,
+                list(range(page, page + pages)), list(range(mine, mine + pages)),
+                tensor_num_per_layer=1)
+            ask = parse_ask(self._asks_view[mine * c.ASK_PAGE:(mine + pages) * c.ASK_PAGE],
+                            xid, rank)
+            with self._lock:
+                held = self._sending.get(xid)
+            if held is None or self._kv is None:
+                raise RuntimeError("the request's blocks are no longer held here")
+            req_id, expires_at, blocks = held
+            part = [a for a in plan(ask["layout"], self._layout, ask["tp"], rank, self._tp_size,
+                                    ask["local"], ask["start"], blocks)
+                    if a[0] == self._tp_rank]
+            if not part or part[0][1] == "release":
+                raise LayoutError("decode rank %d asked this rank for data it does not hold"
+                                  % rank)
+            _, kind, src, dst, expected = part[0]
+            if c.now() >= expires_at:
+                raise TimeoutError("the lease on request %s's blocks ended" % req_id)
+            cache, model = (self._kv, c.KV_MODEL_ID) if kind == "blocks" else \
+                (self._rows, c.ROWS_MODEL_ID)
+            self._dd.cache_manager.push_blocks(
+                ldd.BlocksCacheKey(cluster, model), cache, src, dst, tensor_num_per_layer=1,
+                user_tag=c.answer_tag(True, xid, self._tp_rank))
+            with self._lock:
+                first, self._said_push = not self._said_push, True
+                self._stats["pushes"] += 1
+                self._stats["pushed_blocks"] += len(ask["local"])
+            if first:
+                _log.info("HixlConnector rank %d: wrote %d blocks of request %s into decode rank "
+                          "%d (push mode; once per worker)", self._tp_rank, len(ask["local"]),
+                          req_id, rank)
+        except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
+            msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (
+                xid, rank, address, e)
+            _log.warning("HixlConnector: %s", msg)
+            self.recent_errors.append(msg)
+            with self._lock:
+                self._stats["push_failures"] += 1
+            try:
+                self._dd.cache_manager.push_blocks(
+                    ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [1], [1],
+                    tensor_num_per_layer=1, user_tag=c.answer_tag(False, xid, self._tp_rank))
+            except Exception:  # noqa: BLE001 -- the decode's deadline ends its wait
+                pass
+        finally:
+            with self._lock:
+                if mine is not None:
+                    self._pages.free(mine, pages)
+                self._pushing[xid] -= 1
+                if self._pushing[xid] <= 0:
+                    del self._pushing[xid]
+            self._heard(xid, rank, expected)
+
+    # -- events
+    def _heard(self, xid, rank, expected):
+        """Prefill: decode rank `rank` is done with transfer xid (read it,
+        released it, or was written to)."""
         with self._lock:
             n = self._notified.get(xid)
             if n is None:
@@ -325,24 +505,51 @@ class Worker:
                 n = self._notified[xid] = [set(), expected, c.now()]
             n[0].add(rank)
 
+    def _on_event(self, ev):
+        if ev.kind == ldd.TransferEventKind.PUSHED:
+            a = c.parse_answer_tag(ev.user_tag)
+            if a is not None:
+                pushed, xid, q = a
+                with self._lock:
+                    w = self._waits.get(xid)
+                    if w is not None and q in w.asked:
+                        w.answers[q] = pushed
+            return
+        if ev.kind != ldd.TransferEventKind.PULLED:
+            return
+        ask = c.parse_ask_tag(ev.user_tag)
+        if ask is not None:
+            self._take_ask(ask)
+            return
+        t = c.parse_tag(ev.user_tag)
+        if t is not None:
+            self._heard(*t)
+
     def finished(self):
         """-> (finished sending, finished receiving) since the last call."""
         t = c.now()
         sent = set()
         with self._lock:
             for xid, (ranks, expected, first) in list(self._notified.items()):
-                if xid in self._sending and len(ranks) >= expected:
+                if xid in self._sending and len(ranks) >= expected and \
+                        not self._pushing.get(xid):
                     sent.add(self._sending.pop(xid)[0])
                     del self._notified[xid]
                 elif t - first > self._opts["lease_ms"] / 1000.0 + 60:
                     del self._notified[xid]  # a read of a request never sent here
-            for xid, (req_id, expires_at) in list(self._sending.items()):
-                if t >= expires_at:
+            for xid, (req_id, expires_at, _) in list(self._sending.items()):
+                if t >= expires_at and not self._pushing.get(xid):
                     del self._sending[xid]
                     sent.add(req_id)
                     self._stats["lease_expiries"] += 1
                     _log.warning("HixlConnector: request %s: no decode read its KV before its "
                                  "lease ended; its blocks are freed", req_id)
+            for xid in [x for x in self._served if x not in self._sending]:
+                del self._served[xid]
+            for xid in [x for x, a in self._early.items()
+                        if t - a[0][1] > self._opts["lease_ms"] / 1000.0]:
+                del self._early[xid]
+            self._settle_waits(t)
             recv, self._done_recv = self._done_recv, set()
         return sent, recv
 

@@ -10,7 +10,7 @@ from the prefill, not computed (its prefix cache has never seen them).
 A control shows the comparison has teeth: a decode handed the blocks of
 another prompt (wrong KV, read all the same) must answer differently.
 
-    python e2e.py [--transport tcp|shm] [--requests N]     (scripts/vllm-e2e.sh)
+    python e2e.py [--transport tcp|shm] [--mode pull|push] [--requests N]   (scripts/vllm-e2e.sh)
 
 Prints one JSON line with the figures; exits 1 on any difference."""
 import argparse
@@ -87,10 +87,13 @@ def write_model(path):
     return path
 
 
-def start(model, port, role, transport, log):
+def start(model, port, role, transport, mode, log):
+    extra = {"transport": transport}
+    if role == "kv_consumer":
+        extra["mode"] = mode
     kvt = {"kv_connector": "HixlConnector",
            "kv_connector_module_path": "llm_datadist.vllm_connector",
-           "kv_role": role, "kv_connector_extra_config": {"transport": transport}}
+           "kv_role": role, "kv_connector_extra_config": extra}
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -161,6 +164,8 @@ def stop(p):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--transport", default="tcp", choices=["tcp", "shm"])
+    ap.add_argument("--mode", default="pull", choices=["pull", "push"],
+                    help="the decode reads the prefill's blocks, or has the prefill write them")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--ready-timeout", type=int, default=600)
@@ -181,7 +186,7 @@ def main():
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             logs[name] = open(os.path.join(work, name + ".log"), "w")
-            procs[name] = (start(model, ports[name], role, a.transport, logs[name]), ports[name])
+            procs[name] = (start(model, ports[name], role, a.transport, a.mode, logs[name]), ports[name])
         wait_healthy(procs, a.ready_timeout)
         ready_s = time.monotonic() - t0
         prefill_url = "http://127.0.0.1:%d" % ports["prefill"]
@@ -227,10 +232,15 @@ def main():
             stop(p)
         for f in logs.values():
             f.close()
+    if a.mode == "push" and not failures:
+        # The prefill wrote (a decode that fell back to reading would pass too).
+        with open(os.path.join(work, "prefill.log")) as f:
+            if "(push mode; once per worker)" not in f.read():
+                failures.append("push mode: the prefill's log says no write into the decode")
     if not failures:
         shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
-    print(json.dumps({"transport": a.transport, "ready_s": ready_s, "requests": rows,
-                      "control_differs": control_differs, "failures": failures,
+    print(json.dumps({"transport": a.transport, "mode": a.mode, "ready_s": ready_s,
+                      "requests": rows, "control_differs": control_differs, "failures": failures,
                       "logs": work if failures else None}))
     if failures:
         for name in logs:

@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import node  # noqa: E402  (tests/vllm)
 
 LEASE_MS = 5000
+XFER_MS = 3000
 
 
 class Proc:
@@ -87,20 +88,24 @@ def procs():
         b.close()
 
 
-@pytest.fixture(scope="module", params=["shm", "tcp"])
+@pytest.fixture(scope="module", params=["shm", "tcp", "push-tcp"])
 def pd(request, procs, model_dir):
-    """A prefill (kv_producer) and a decode (kv_consumer) instance."""
-    extra = {"transport": request.param, "lease_ms": LEASE_MS}
+    """A prefill (kv_producer) and a decode (kv_consumer) instance; the
+    decode reads ("shm", "tcp") or has the prefill write ("push-tcp")."""
+    mode, _, transport = request.param.rpartition("-")
+    extra = {"transport": transport, "lease_ms": LEASE_MS, "transfer_timeout_ms": XFER_MS}
     p = procs[0].new("p-" + request.param, model_dir, "kv_producer", extra)
     d = procs[1].new("d-" + request.param, model_dir, "kv_consumer",
-                     dict(extra, link_timeout_ms=3000))
+                     dict(extra, link_timeout_ms=3000, mode=mode or "pull"))
     yield p, d
     p.drop()
     d.drop()
 
 
-# The failure paths are the connector's, not a transport's: tcp only.
+# The failure paths are the connector's, not a transport's: tcp only (and
+# push mode where its paths differ).
 TCP_ONLY = pytest.mark.parametrize("pd", ["tcp"], indirect=True)
+PULL_AND_PUSH = pytest.mark.parametrize("pd", ["tcp", "push-tcp"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
@@ -122,6 +127,10 @@ def prefill(p, rid, toks):
     params = p.run(until=[rid])[rid]
     assert params and params["do_remote_prefill"] and params["remote_block_ids"], params
     return params
+
+
+def is_push(d):
+    return d.name.startswith("d-push")
 
 
 def assert_idle(peer):
@@ -277,6 +286,48 @@ def test_plans_pair_blocks_and_rows_for_every_pairing():
         plan(dict(d2, order=None), p1, 2, 0, 1, [5], 0, [9])
 
 
+def test_push_asks_and_their_tags_are_checked_before_use():
+    """Push mode's asks and tags come from another process: a malformed one
+    is refused, naming what is wrong, before anything is written."""
+    import json
+    from llm_datadist.vllm_connector import _common as c
+    from llm_datadist.vllm_connector._push import Pages, encode_ask, parse_ask
+    lay = _layout(4, 16)
+    good = encode_ask(77, 1, 2, lay, [3, 4], 16)
+    a = parse_ask(good + bytes(100), 77, 1)     # pages are zero-padded
+    assert (a["tp"], a["local"], a["start"]) == (2, [3, 4], 16)
+    raw = json.loads(good)
+    bad = {
+        "not JSON": b"{nope",
+        "version": dict(raw, v=2),
+        "transfer": dict(raw, xid=78),
+        "tensor-parallel": dict(raw, tp=1),
+        "first token": dict(raw, start=-1),
+        "block numbers": dict(raw, local=[3, "4"]),
+        "non-empty": dict(raw, local=[]),
+        "heads": dict(raw, layout=dict(lay, heads=0)),
+        "order": dict(raw, layout=dict(lay, order="XY")),
+        "block_shape": dict(raw, layout=dict(lay, block_shape="big")),
+    }
+    for what, rec in bad.items():
+        data = rec if isinstance(rec, bytes) else json.dumps(rec).encode()
+        with pytest.raises(ValueError, match=what):
+            parse_ask(data, 77, 1)
+    t = c.ask_tag(77, 1, 5, 2, 123, "127.0.0.1:4000")
+    assert c.parse_ask_tag(t) == (77, 1, 5, 2, 123, "127.0.0.1:4000")
+    for junk in ("hvp1 77 1 5 2 123", "hvp1 77 1 511 2 123 h:1", "hvp1 77 1 0 65 123 h:1",
+                 "hvp1 77 1 0 1 123 h:x", "hvp1 -1 1 0 1 1 h:1", "hvd1 77 1"):
+        assert c.parse_ask_tag(junk) is None, junk
+    assert c.parse_answer_tag(c.answer_tag(True, 77, 3)) == (True, 77, 3)
+    assert c.parse_answer_tag(c.answer_tag(False, 77, 3)) == (False, 77, 3)
+    assert c.parse_answer_tag("hvd1 77") is None and c.parse_answer_tag("hvx1 a 1") is None
+    pages = Pages(8)
+    assert [pages.alloc(3), pages.alloc(3), pages.alloc(3)] == [0, 3, None]
+    pages.free(0, 3)
+    pages.free(3, 3)
+    assert pages.free_pages() == 8 and pages.alloc(8) == 0
+
+
 # ------------------------------------------------------ two real processes
 
 def test_remote_prefill_moves_every_block_and_frees_both_sides(pd):
@@ -293,6 +344,7 @@ def test_remote_prefill_moves_every_block_and_frees_both_sides(pd):
         assert params[rid]["remote_request_id"] == rid
         assert len(params[rid]["remote_block_ids"]) == (len(cases[rid]) + 15) // 16
     before = d.state()["stats"].get("read_blocks", 0)
+    pushed = p.state()["stats"].get("pushed_blocks", 0)
     for rid, toks in cases.items():
         d.add(rid, toks, params[rid], 3)
     d.run(until=list(cases), idle=True)
@@ -305,7 +357,10 @@ def test_remote_prefill_moves_every_block_and_frees_both_sides(pd):
                                                       for v in params.values())
     # The prefill freed each request's blocks on the decode's read (not the lease).
     p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
-    assert_idle(p)
+    ps = assert_idle(p)
+    # In push mode the prefill wrote them (and the decode read none).
+    written = ps["stats"].get("pushed_blocks", 0) - pushed
+    assert written == (s["stats"]["read_blocks"] - before if is_push(d) else 0)
 
 
 def test_partial_prefix_hit_reads_only_the_missing_blocks(pd):
@@ -364,7 +419,7 @@ def test_prefill_abort_offers_nothing(pd):
     assert_idle(p)
 
 
-@TCP_ONLY
+@PULL_AND_PUSH
 def test_lease_frees_unread_prefill_blocks_and_a_late_read_fails_cleanly(pd):
     p, d = pd
     toks = prompt(30, 33)
@@ -385,7 +440,7 @@ def test_lease_frees_unread_prefill_blocks_and_a_late_read_fails_cleanly(pd):
     assert any("lease" in e for e in s["errors"]), s["errors"]
 
 
-@TCP_ONLY
+@PULL_AND_PUSH
 def test_unreachable_prefill_is_a_load_error_not_a_crash(pd):
     p, d = pd
     toks = prompt(40, 50)
@@ -468,12 +523,17 @@ PAIRINGS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PAIRINGS))
+# In push mode the prefill pairs them (from the decode's ask) and writes.
+PUSHED_PAIRINGS = ["tp1-to-tp2", "tp4-to-tp1", "block32-to-block16", "mla-tp2-to-tp1"]
+
+
+@pytest.mark.parametrize("name", sorted(PAIRINGS) + ["push-" + n for n in PUSHED_PAIRINGS])
 def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
-    pk, dk = PAIRINGS[name]
+    mode = "push" if name.startswith("push-") else "pull"
+    pk, dk = PAIRINGS[name[5:] if mode == "push" else name]
     extra = {"transport": "shm", "lease_ms": LEASE_MS}
     p = procs[0].new("p-" + name, model_dir, "kv_producer", extra, **pk)
-    d = procs[1].new("d-" + name, model_dir, "kv_consumer", extra, **dk)
+    d = procs[1].new("d-" + name, model_dir, "kv_consumer", dict(extra, mode=mode), **dk)
     try:
         cases = {"a": prompt(50, 70), "b": prompt(51, 9), "c": prompt(52, 32)}
         params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
@@ -484,9 +544,12 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
         assert s["load_errors"] == [] and s["errors"] == [], s
         for rid in cases:
             assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
-        # Every prefill rank heard from every decode rank that read it.
+        # Every prefill rank heard from every decode rank that read it (or
+        # wrote into every decode rank that asked).
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
-        assert_idle(p)
+        ps = assert_idle(p)
+        assert ps["errors"] == [], ps["errors"]
+        assert (ps["stats"].get("pushes", 0) > 0) == (mode == "push"), ps["stats"]
     finally:
         p.drop()
         d.drop()
