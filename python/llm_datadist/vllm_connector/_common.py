@@ -179,6 +179,12 @@ def parse_answer_tag(user_tag):
     return None
 
 
+def block_list(v):
+    """True for a list of block numbers (from another process)."""
+    return isinstance(v, list) and len(v) <= 1 << 20 and all(
+        isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 2**31 for b in v)
+
+
 def now():
     """Wall-clock seconds: lease deadlines travel between hosts."""
     return time.time()
@@ -206,11 +212,14 @@ class RemoteSpec:
         s.engine_id = params.get("remote_engine_id")
         if not isinstance(s.request_id, str) or not isinstance(s.engine_id, str):
             raise ValueError("remote_request_id and remote_engine_id must be strings")
-        s.block_ids = params.get("remote_block_ids")
-        if not isinstance(s.block_ids, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 2**31
-                for b in s.block_ids):
-            raise ValueError("remote_block_ids must be a list of block numbers")
+        # One list of block numbers, or one per KV cache group (a hybrid
+        # model's); kept as one per group.
+        ids = params.get("remote_block_ids")
+        groups = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
+        if len(groups) > 64 or not all(block_list(g) for g in groups):
+            raise ValueError("remote_block_ids must be a list of block numbers, or one list "
+                             "per KV cache group")
+        s.block_ids = groups
         ranks = h.get("ranks")
         if not isinstance(ranks, list) or not ranks:
             raise ValueError("kv_transfer_params[\"hixl\"][\"ranks\"] must be a non-empty list")

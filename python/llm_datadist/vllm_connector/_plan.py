@@ -104,3 +104,45 @@ def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
             loc.append(_row(mine, local[(t - local_start) // b_d], hd, t % b_d))
         out.append((q, "rows", rem, loc, len(rs)) if rem else (q, "release", [], [], len(rs)))
     return out
+
+
+# vLLM's null block: a place holder holding no KV (the blocks a sliding
+# window dropped, or never needed).
+NULL_BLOCK = 0
+
+
+def plan_groups(mine, theirs, tp_d, r, tp_p, local, local_start, remote):
+    """plan() for blocks that come in KV cache groups (vLLM's hybrid
+    allocator: full attention, sliding window, ...): local and remote hold
+    one list per group. One group is plan() itself. With several, the groups
+    overlay the same memory (a block belongs to one group at a time), so the
+    two sides must be alike -- layouts and tensor parallelism -- and whole
+    blocks move: each group's blocks from local_start on, paired by
+    position, null blocks (tokens a sliding window dropped) skipped."""
+    if len(local) != len(remote):
+        raise LayoutError("the prefill's KV cache has %d groups, this decode's %d"
+                          % (len(remote), len(local)))
+    if len(local) == 1:
+        return plan(mine, theirs, tp_d, r, tp_p, local[0], local_start, remote[0])
+    if not any(local):
+        return releases_only(tp_p, tp_d, r)
+    if tp_d != tp_p or mine != theirs:
+        why = mismatch(mine, theirs) or "tensor-parallel sizes: here %d, prefill %d" % (tp_d,
+                                                                                    tp_p)
+        raise LayoutError("the KV cache groups of a hybrid model move as whole blocks between "
+                          "alike instances; these differ: " + why)
+    first = local_start // mine["block_tokens"]
+    rem, loc = [], []
+    for lg, rg in zip(local, remote):
+        for b_loc, b_rem in zip(lg, rg[first:first + len(lg)]):
+            if b_loc != NULL_BLOCK and b_rem != NULL_BLOCK:
+                rem.append(b_rem)
+                loc.append(b_loc)
+    if not rem:
+        return [(r, "release", [], [], 1)]
+    return [(r, "blocks", rem, loc, 1)]
+
+
+def flat(groups):
+    """The real (not null) blocks of every group, in one list."""
+    return [b for g in groups for b in g if b != NULL_BLOCK]

@@ -106,10 +106,11 @@ def parse_ask(raw, xid, rank):
                          % (a.get("tp"), rank))
     if not _count(a.get("start"), 0, 2**40):
         raise ValueError("the ask's first token must be a count")
-    local = a.get("local")
-    if not isinstance(local, list) or not local or len(local) > 1 << 20 or \
-            not all(_count(b, 0, 2**31 - 1) for b in local):
-        raise ValueError("the ask's blocks must be a non-empty list of block numbers")
+    local = a.get("local")     # one list of blocks per KV cache group
+    if not isinstance(local, list) or not 1 <= len(local) <= 64 or \
+            not all(c.block_list(g) for g in local) or not any(local):
+        raise ValueError("the ask's blocks must be non-empty lists of block numbers, one per "
+                         "KV cache group")
     check_layout(a.get("layout"))
     return a
 

@@ -13,19 +13,22 @@ import logging
 import secrets
 
 from . import _common as c
+from ._plan import flat
 
 _log = logging.getLogger(c.LOGGER)
 
 
 class Scheduler:
-    def __init__(self, opts, engine_id, block_size, tp_size):
+    def __init__(self, opts, engine_id, block_size, tp_size, full_group=0):
         self._opts = opts
+        self._full_group = full_group   # a KV cache group of full attention (its hits count)
         self._engine_id = engine_id
         self._block_size = block_size
         self._tp_size = tp_size
         self._ranks = None        # [(address, cluster id)] by tp rank, from the workers
         self._layout = None
-        self._recv = {}           # this step: request id -> (spec, local, local_start, report)
+        self._recv = {}           # this step: request id -> (spec, local blocks per KV cache
+                                  # group, the token they start at, whether vLLM waits)
         self._send = {}           # this step: request id -> (xid, expires_at)
         self._specs = {}          # request id -> RemoteSpec, between matching and allocation
         self._bad = set()         # request ids whose kv_transfer_params were refused
@@ -81,13 +84,20 @@ class Scheduler:
         self._bad.discard(request.request_id)
         if spec is None:
             return
-        # The local prefix cache covers the first blocks (hashed); the
-        # others are filled from the prefill's blocks holding the same
-        # tokens (_plan pairs them). With none to fill, the read only
-        # releases the prefill's blocks and vLLM does not wait for it.
-        local = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
-        cached = sum(1 for b in blocks.blocks[0] if b.block_hash is not None and not b.is_null)
-        self._recv[request.request_id] = (spec, local, cached * self._block_size, bool(local))
+        # The local prefix cache covers the first blocks (hashed, in a
+        # full-attention group); the others, in every KV cache group, are
+        # filled from the prefill's blocks holding the same tokens (_plan
+        # pairs them). With none to fill, the read only releases the
+        # prefill's blocks and vLLM does not wait for it.
+        full = blocks.blocks[min(self._full_group, len(blocks.blocks) - 1)]
+        cached = 0
+        while cached < len(full) and full[cached].block_hash is not None and \
+                not full[cached].is_null:
+            cached += 1
+        local = [list(g[cached:]) for g in blocks.get_block_ids()] \
+            if num_external_tokens > 0 else [[] for _ in blocks.blocks]
+        report = bool(flat(local))
+        self._recv[request.request_id] = (spec, local, cached * self._block_size, report)
 
     def build_meta(self):
         out = (self._recv, self._send)
@@ -95,6 +105,7 @@ class Scheduler:
         return out
 
     def request_finished(self, request, block_ids):
+        """block_ids: the request's blocks, one list per KV cache group."""
         from vllm.v1.request import RequestStatus
         params = request.kv_transfer_params
         rid = request.request_id
@@ -108,14 +119,15 @@ class Scheduler:
             self._specs.pop(rid, None)
             self._bad.discard(rid)
             if spec is not None:
-                self._recv[rid] = (spec, [], 0, False)
+                self._recv[rid] = (spec, [[] for _ in spec.block_ids], 0, False)
             return False, None
         if not params.get("do_remote_decode"):
             return False, None
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
                                   RequestStatus.FINISHED_STOPPED):
             return False, None    # aborted prefill: no decode will ask for it
-        if not block_ids:
+        groups = [list(g) for g in block_ids]
+        if not flat(groups):
             return False, None
         if self._ranks is None:
             _log.warning("HixlConnector: request %s: no worker handshake yet; its KV is not "
@@ -123,12 +135,13 @@ class Scheduler:
             return False, None
         xid = secrets.randbits(62)
         expires_at = c.now() + self._opts["lease_ms"] / 1000.0
-        self._send[rid] = (xid, expires_at, list(block_ids))
+        self._send[rid] = (xid, expires_at, groups)
         host, _, port = self._ranks[0][0].rpartition(":")
         return True, {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(block_ids),
+            # One list (as vLLM's P/D convention has it), or one per group.
+            "remote_block_ids": groups[0] if len(groups) == 1 else groups,
             "remote_engine_id": self._engine_id,
             "remote_request_id": rid,
             "remote_host": host,

@@ -11,7 +11,7 @@ import threading
 import llm_datadist as ldd
 
 from . import _common as c
-from ._plan import LayoutError, plan, releases_only
+from ._plan import LayoutError, flat, plan_groups, releases_only
 from ._push import Pages, Wait, encode_ask, parse_ask
 
 _log = logging.getLogger(c.LOGGER)
@@ -22,13 +22,15 @@ _LINK_TYPES = {"shm": "SHM", "tcp": "TCP", "ucx": "UCX"}
 
 
 def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens=None,
-                       mla=False):
+                       mla=False, groups=1):
     """The block regions of vLLM's KV tensors -> (regions, layout).
 
     regions: [(address, tensor)] of equal-sized regions, each num_blocks
     blocks of layout["block_bytes"] laid end to end. A layer tensor whose
     first dimension is the blocks is one region; one shaped (2, num_blocks,
-    ...) -- K and V apart -- is two. layout: what the two sides compare
+    ...) -- K and V apart -- is two; layers whose tensors share memory (the KV
+    cache groups of vLLM's hybrid allocator overlay each other) give one
+    region. layout: what the two sides compare
     (_plan), with heads (per rank), block_tokens, the order of heads and
     tokens inside a block and the bytes of one row (one head, one token)."""
     if not kv_caches:
@@ -36,7 +38,7 @@ def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens
     names = [n for n in layer_names if n in kv_caches] or list(kv_caches)
     missing = sorted(set(kv_caches) - set(names))
     names += missing
-    regions, pages, dtypes, split = [], set(), set(), set()
+    regions, pages, dtypes, split, seen = [], set(), set(), set(), set()
     for name in names:
         t = kv_caches[name]
         if t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks and num_blocks != 2:
@@ -59,10 +61,19 @@ def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens
                     "HixlConnector: layer %s has a block stride of %d bytes for %d-byte blocks "
                     "(blocks shared across layers are not supported yet)"
                     % (name, v.stride(0) * v.element_size(), page_bytes))
-            regions.append((v.data_ptr(), v))
-            pages.add((tuple(page.shape), page_bytes))
+            if v.data_ptr() not in seen:      # a region shared by layers of other groups
+                seen.add(v.data_ptr())
+                regions.append((v.data_ptr(), v))
+            pages.add((tuple(page.shape), page_bytes) if groups == 1 else
+                      ((tuple(page.shape) if name == names[0] else None), page_bytes))
         dtypes.add(str(t.dtype))
         split.add(split_kv)
+    if groups > 1:
+        # The groups' pages are equally large (vLLM's hybrid allocator); the
+        # shape named is the first layer's (whole blocks move between alike
+        # instances only).
+        sizes = {b for _, b in pages}
+        pages = {p for p in pages if p[0] is not None} if len(sizes) == 1 else pages
     if len(pages) != 1 or len(dtypes) != 1 or len(split) != 1:
         raise LayoutError("HixlConnector: the layers' KV blocks differ (shapes %s, dtypes %s); "
                           "one block layout for every layer is supported"
@@ -78,6 +89,8 @@ def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens
               "block_shape": list(shape), "dtype": dtypes.pop(), "split_kv": split.pop(),
               "heads": heads, "block_tokens": b, "order": order, "mla": bool(mla),
               "row_bytes": page_bytes // (heads * b) if order else 0}
+    if groups > 1:
+        layout["groups"] = groups
     return regions, layout
 
 
@@ -87,8 +100,9 @@ class Worker:
     LLM-DataDist thread, so the shared sets are guarded by one lock."""
 
     def __init__(self, opts, engine_id, kv_role, tp_rank, tp_size, num_blocks, layer_names,
-                 heads=1, block_tokens=None, mla=False):
+                 heads=1, block_tokens=None, mla=False, groups=1):
         self._opts = opts
+        self._groups = groups
         self._tp_rank, self._tp_size = tp_rank, tp_size
         self._num_blocks = num_blocks
         self._layer_names = list(layer_names)
@@ -156,7 +170,7 @@ class Worker:
             raise RuntimeError("HixlConnector: register_kv_caches called twice")
         heads, block_tokens, mla = self._shape
         regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks,
-                                             heads, block_tokens, mla)
+                                             heads, block_tokens, mla, groups=self._groups)
         where = ldd.Placement.DEVICE if regions[0][1].is_cuda else ldd.Placement.HOST
         addrs = [a for a, _ in regions]
         cm = self._dd.cache_manager
@@ -255,10 +269,10 @@ class Worker:
         done = set()       # prefill ranks told (read or released)
         failed = None
         try:
-            if local and self._kv is None:
+            if flat(local) and self._kv is None:
                 raise RuntimeError("no KV cache registered on this worker")
-            actions = plan(self._layout or {}, spec.layout, self._tp_size, r, spec.tp_size,
-                           local, local_start, spec.block_ids)
+            actions = plan_groups(self._layout or {}, spec.layout, self._tp_size, r,
+                                  spec.tp_size, local, local_start, spec.block_ids)
             if any(kind != "release" for _, kind, _, _, _ in actions) and \
                     c.now() >= spec.expires_at:
                 raise TimeoutError("the prefill's lease on its blocks ended %.1f s ago"
@@ -293,12 +307,12 @@ class Worker:
             if moved:
                 with self._lock:
                     self._stats["reads"] += 1
-                    self._stats["read_blocks"] += len(local)
+                    self._stats["read_blocks"] += len(flat(local))
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
             failed = e
         if failed is not None:
             msg = "request %s: reading %d blocks from the prefill failed: %s" % (
-                req_id, len(local), failed)
+                req_id, len(flat(local)), failed)
             _log.warning("HixlConnector: %s", msg)
             self.recent_errors.append(msg)
             self._release_rest(spec, done)
@@ -306,7 +320,7 @@ class Worker:
                 self._stats["read_failures"] += 1
                 if report:
                     self._failed_recv.add(req_id)
-                    self._bad_blocks.update(local)
+                    self._bad_blocks.update(flat(local))
         if report:
             with self._lock:
                 self._done_recv.add(req_id)
@@ -350,7 +364,7 @@ class Worker:
                 if page is not None:
                     self._pages.free(page, n)
                 return False
-            w = self._waits[spec.xid] = Wait(req_id, deadline, list(local), report, page, n)
+            w = self._waits[spec.xid] = Wait(req_id, deadline, flat(local), report, page, n)
         at = page * c.ASK_PAGE
         self._asks_view[at:at + n * c.ASK_PAGE] = rec + bytes(n * c.ASK_PAGE - len(rec))
         my_tag = c.ask_tag(spec.xid, r, page, n, self._cluster, self._dd.local_address)
@@ -449,8 +463,8 @@ class Worker:
             if held is None or self._kv is None:
                 raise RuntimeError("the request's blocks are no longer held here")
             req_id, expires_at, blocks = held
-            part = [a for a in plan(ask["layout"], self._layout, ask["tp"], rank, self._tp_size,
-                                    ask["local"], ask["start"], blocks)
+            part = [a for a in plan_groups(ask["layout"], self._layout, ask["tp"], rank,
+                                           self._tp_size, ask["local"], ask["start"], blocks)
                     if a[0] == self._tp_rank]
             if not part or part[0][1] == "release":
                 raise LayoutError("decode rank %d asked this rank for data it does not hold"
@@ -466,10 +480,10 @@ class Worker:
             with self._lock:
                 first, self._said_push = not self._said_push, True
                 self._stats["pushes"] += 1
-                self._stats["pushed_blocks"] += len(ask["local"])
+                self._stats["pushed_blocks"] += len(flat(ask["local"]))
             if first:
                 _log.info("HixlConnector rank %d: wrote %d blocks of request %s into decode rank "
-                          "%d (push mode; once per worker)", self._tp_rank, len(ask["local"]),
+                          "%d (push mode; once per worker)", self._tp_rank, len(flat(ask["local"])),
                           req_id, rank)
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
             msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (

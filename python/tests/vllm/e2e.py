@@ -10,7 +10,8 @@ from the prefill, not computed (its prefix cache has never seen them).
 A control shows the comparison has teeth: a decode handed the blocks of
 another prompt (wrong KV, read all the same) must answer differently.
 
-    python e2e.py [--transport tcp|shm] [--mode pull|push] [--requests N]   (scripts/vllm-e2e.sh)
+    python e2e.py [--transport tcp|shm] [--mode pull|push] [--hybrid] [--requests N]
+                                                           (scripts/vllm-e2e.sh)
 
 Prints one JSON line with the figures; exits 1 on any difference."""
 import argparse
@@ -39,10 +40,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_model(path):
+def write_model(path, hybrid=False):
     """A 2-layer Llama with random weights (fixed seed; large enough that the
     answer depends on the context, which vLLM's dummy weights, near zero,
-    hardly do) and a word-level tokenizer ("w0" ... "w507")."""
+    hardly do) and a word-level tokenizer ("w0" ... "w507"). hybrid: its
+    second layer attends to a sliding window of 32 tokens (vLLM then keeps
+    two KV cache groups: its hybrid allocator)."""
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
@@ -54,6 +57,8 @@ def write_model(path):
            "vocab_size": VOCAB, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
            "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
+    if hybrid:
+        cfg.update(layer_types=["full_attention", "sliding_attention"], sliding_window=32)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     g = torch.Generator().manual_seed(0)
@@ -141,14 +146,17 @@ def post(url, path, body):
 def control(prefill_url, decode_url, prompt, other, max_tokens, reference):
     """Prefill another prompt of the same length by hand, then ask the decode
     for prompt with that prompt's kv_transfer_params: it reads the wrong
-    blocks, and its answer must differ from the reference."""
+    blocks, and its answer must differ from the reference. -> (differs, the
+    prefill's KV cache groups: remote_block_ids holds one list per group)."""
     first = post(prefill_url, "/v1/completions",
                  {"model": "tiny", "prompt": other, "temperature": 0, "max_tokens": 1,
                   "kv_transfer_params": {"do_remote_decode": True}})
     out = post(decode_url, "/v1/completions",
                {"model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True,
                 "max_tokens": max_tokens, "kv_transfer_params": first["kv_transfer_params"]})
-    return out["choices"][0]["text"] != reference
+    ids = first["kv_transfer_params"]["remote_block_ids"]
+    groups = len(ids) if ids and isinstance(ids[0], list) else 1
+    return out["choices"][0]["text"] != reference, groups
 
 
 def stop(p):
@@ -166,6 +174,8 @@ def main():
     ap.add_argument("--transport", default="tcp", choices=["tcp", "shm"])
     ap.add_argument("--mode", default="pull", choices=["pull", "push"],
                     help="the decode reads the prefill's blocks, or has the prefill write them")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="a model with a sliding-window layer (two KV cache groups)")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--ready-timeout", type=int, default=600)
@@ -176,13 +186,13 @@ def main():
     spec.loader.exec_module(pd_proxy)
 
     work = tempfile.mkdtemp(prefix="hixl-vllm-e2e-")
-    model = write_model(os.path.join(work, "model"))
+    model = write_model(os.path.join(work, "model"), a.hybrid)
     ports = {"prefill": free_port(), "decode": free_port()}
     procs, logs = {}, {}
     t0 = time.monotonic()
     failures = []
     rows = []
-    control_differs = None
+    control_differs = groups = None
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             logs[name] = open(os.path.join(work, name + ".log"), "w")
@@ -219,10 +229,12 @@ def main():
         other = " ".join("w%d" % ((k * 29 + 5) % (VOCAB - 8) + 4) for k in range(4 * BLOCK - 1))
         other += " " + prompt.split()[-1]
         ref = complete(prefill_url, prompt, a.max_tokens)["choices"][0]["text"]
-        control_differs = control(prefill_url, "http://127.0.0.1:%d" % ports["decode"], prompt,
-                                  other, a.max_tokens, ref)
+        control_differs, groups = control(prefill_url, "http://127.0.0.1:%d" % ports["decode"],
+                                          prompt, other, a.max_tokens, ref)
         if not control_differs:
             failures.append("control: wrong KV gave the reference answer; the check has no teeth")
+        if groups != (2 if a.hybrid else 1):
+            failures.append("the prefill's KV has %d cache groups" % groups)
         proxy.shutdown()
     except Exception as e:  # noqa: BLE001
         failures.append("%s: %s" % (type(e).__name__, e))
@@ -239,8 +251,9 @@ def main():
                 failures.append("push mode: the prefill's log says no write into the decode")
     if not failures:
         shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
-    print(json.dumps({"transport": a.transport, "mode": a.mode, "ready_s": ready_s,
-                      "requests": rows, "control_differs": control_differs, "failures": failures,
+    print(json.dumps({"transport": a.transport, "mode": a.mode, "hybrid": a.hybrid,
+                      "ready_s": ready_s,
+                      "kv_groups": groups, "requests": rows, "control_differs": control_differs, "failures": failures,
                       "logs": work if failures else None}))
     if failures:
         for name in logs:

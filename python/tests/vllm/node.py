@@ -24,6 +24,7 @@ NUM_LAYERS = 2
 KV_HEADS = 4          # in all; a rank holds KV_HEADS / tp
 HEAD_SIZE = 32
 LATENT = 96           # MLA: one latent vector per token
+WINDOW = 32           # hybrid: the sliding window of every other layer, in tokens
 
 
 def write_model_dir(path):
@@ -46,7 +47,7 @@ def kv_value(token, pos, layer, head):
 
 class Node:
     def __init__(self, model_dir, kv_role, extra, *, block_size=16, num_blocks=64, tp=1,
-                 order="HN", mla=False, prefix_caching=True):
+                 order="HN", mla=False, prefix_caching=True, hybrid=False):
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
@@ -61,7 +62,7 @@ class Node:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                                 KVCacheGroupSpec, KVCacheTensor,
-                                                MLAAttentionSpec)
+                                                MLAAttentionSpec, SlidingWindowSpec)
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.torch = torch
@@ -84,14 +85,28 @@ class Node:
         else:
             spec = FullAttentionSpec(block_size=block_size, num_kv_heads=self.heads,
                                      head_size=HEAD_SIZE, dtype=torch.float32)
-        names = ["model.layers.%d.self_attn.attn" % i for i in range(NUM_LAYERS)]
         page = spec.page_size_bytes
+        if hybrid:
+            # vLLM's hybrid allocator: full-attention layers (even) and
+            # sliding-window ones (odd) in two KV cache groups overlaying the
+            # same memory, layer i of one group on layer i of the other.
+            names = ["model.layers.%d.self_attn.attn" % i for i in range(2 * NUM_LAYERS)]
+            sw = SlidingWindowSpec(block_size=block_size, num_kv_heads=self.heads,
+                                   head_size=HEAD_SIZE, dtype=torch.float32,
+                                   sliding_window=WINDOW)
+            groups = [KVCacheGroupSpec(names[0::2], spec), KVCacheGroupSpec(names[1::2], sw)]
+        else:
+            names = ["model.layers.%d.self_attn.attn" % i for i in range(NUM_LAYERS)]
+            groups = [KVCacheGroupSpec(names, spec)]
         self.kcc = KVCacheConfig(
             num_blocks=num_blocks,
-            kv_cache_tensors=[KVCacheTensor(size=page * num_blocks, layers=[n],
+            kv_cache_tensors=[KVCacheTensor(size=page * num_blocks * NUM_LAYERS,
+                                            layers=list(g.layer_names),
                                             layer_stride=page * num_blocks, block_stride=page)
-                              for n in names],
-            kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+                              for g in groups],
+            kv_cache_groups=groups)
+        self.group_of = {n: gi for gi, g in enumerate(groups) for n in g.layer_names}
+        self.window = {n: WINDOW if gi else None for n, gi in self.group_of.items()}
         cc.num_gpu_blocks = num_blocks
         self.block_size, self.num_blocks, self.names = block_size, num_blocks, names
         self.vc.parallel_config.tensor_parallel_size = tp   # what the scheduler role reads
@@ -105,8 +120,11 @@ class Node:
             for rank in range(tp):
                 hc._tp = lambda cfg, rank=rank: (rank, tp)
                 w = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)
-                # Poisoned, so that blocks nobody wrote show.
-                kv = {n: torch.full(self._shape(), -1.0, dtype=torch.float32) for n in names}
+                # Poisoned, so that blocks nobody wrote show. Layer i of each
+                # group on the same memory.
+                mem = [torch.full(self._shape(), -1.0, dtype=torch.float32)
+                       for _ in groups[0].layer_names]
+                kv = {n: mem[list(g.layer_names).index(n)] for g in groups for n in g.layer_names}
                 w.register_kv_caches(kv)
                 self.workers.append(w)
                 self.kv.append(kv)
@@ -172,7 +190,13 @@ class Node:
                 for p in range(b * self.block_size, min(n, (b + 1) * self.block_size)):
                     tok = req.prompt_token_ids[p]
                     for li, name in enumerate(self.names):
-                        for g, row in self._rows(kv[name], blocks[b], p % self.block_size):
+                        w = self.window[name]
+                        block = blocks[self.group_of[name]][b]
+                        if w is not None and (p < n + 1 - w + 1 or block == 0):
+                            # Before the window the prefill kept (vLLM frees
+                            # tokens below num_computed - window + 1 first).
+                            continue
+                        for g, row in self._rows(kv[name], block, p % self.block_size):
                             if not bool((row == kv_value(tok, p, li, g)).all()):
                                 ok = False
             if not ok:
@@ -191,7 +215,7 @@ class Node:
         req_ids, sampled = [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.sched.requests[rid]
-            blocks = self.sched.kv_cache_manager.get_block_ids(rid)[0]
+            blocks = self.sched.kv_cache_manager.get_block_ids(rid)     # per group
             if rid in self.remote:
                 self._check_remote(rid, req, blocks)
             end = req.num_computed_tokens
@@ -199,8 +223,10 @@ class Node:
             for p in range(end - n, end):
                 for self._rank, kv in enumerate(self.kv):
                     for li, name in enumerate(self.names):
-                        for g, row in self._rows(kv[name], blocks[p // self.block_size],
-                                                 p % self.block_size):
+                        block = blocks[self.group_of[name]][p // self.block_size]
+                        if block == 0:
+                            continue    # the null block: a window's dropped tokens
+                        for g, row in self._rows(kv[name], block, p % self.block_size):
                             row.fill_(kv_value(toks[p], p, li, g))
             req_ids.append(rid)
             sampled.append([3000 + req.num_output_tokens] if end >= req.num_tokens else [])

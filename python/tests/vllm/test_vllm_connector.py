@@ -193,6 +193,32 @@ def test_options_are_checked_with_clear_errors():
         _common.options({"listen_port": 70000})
     with pytest.raises(ConfigError, match="metadata_server must be"):
         _common.options({"metadata_server": "127.0.0.1:2379"})
+    with pytest.raises(ConfigError, match="mode must be"):
+        _common.options({"mode": "write"})
+    with pytest.raises(ConfigError, match="transfer_timeout_ms must be"):
+        _common.options({"transfer_timeout_ms": 0})
+
+
+def test_kv_cache_groups_of_attention_are_taken_and_recurrent_state_refused():
+    """Hybrid models: full and local attention groups are supported (a
+    full-attention one counts prefix hits); a group of recurrent state is
+    refused at construction, naming it."""
+    import types
+    import llm_datadist.vllm_connector as hc
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    import torch
+
+    def group(spec, *names):
+        return types.SimpleNamespace(kv_cache_spec=spec, layer_names=list(names))
+    full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float32)
+    sw = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float32,
+                           sliding_window=64)
+    cfg = types.SimpleNamespace(kv_cache_groups=[group(sw, "l1"), group(full, "l0")])
+    assert hc._groups(cfg)[1] == 1
+    MambaSpec = type("MambaSpec", (), {})
+    cfg.kv_cache_groups.append(group(MambaSpec(), "m0", "m1"))
+    with pytest.raises(hc.ConfigError, match="MambaSpec.*recurrent state is not supported"):
+        hc._groups(cfg)
 
 
 def test_kv_layouts_are_described_or_refused():
@@ -284,6 +310,18 @@ def test_plans_pair_blocks_and_rows_for_every_pairing():
         plan(_layout(2, 16), _layout(2, 16), 2, 0, 1, [5], 0, [9])
     with pytest.raises(LayoutError, match="cannot be told apart"):
         plan(dict(d2, order=None), p1, 2, 0, 1, [5], 0, [9])
+    # KV cache groups (a hybrid model): each group's blocks paired by
+    # position from the first local token, null blocks (0) skipped.
+    from llm_datadist.vllm_connector._plan import plan_groups
+    assert plan_groups(same, same, 1, 0, 1, [[7, 8], [0, 9]], 32, [[1, 2, 3, 4], [0, 0, 5, 6]]) \
+        == [(0, "blocks", [3, 4, 6], [7, 8, 9], 1)]
+    assert plan_groups(same, same, 1, 0, 1, [[7, 8]], 32, [[1, 2, 3, 4]]) == \
+        plan(same, same, 1, 0, 1, [7, 8], 32, [1, 2, 3, 4])
+    assert plan_groups(same, same, 2, 1, 2, [[], []], 0, [[1], [2]]) == [(1, "release", [], [], 1)]
+    with pytest.raises(LayoutError, match="hybrid model"):
+        plan_groups(d2, p1, 2, 0, 1, [[5], [6]], 0, [[9], [8]])
+    with pytest.raises(LayoutError, match="2 groups, this decode's 1"):
+        plan_groups(same, same, 1, 0, 1, [[5]], 0, [[9], [8]])
 
 
 def test_push_asks_and_their_tags_are_checked_before_use():
@@ -293,9 +331,9 @@ def test_push_asks_and_their_tags_are_checked_before_use():
     from llm_datadist.vllm_connector import _common as c
     from llm_datadist.vllm_connector._push import Pages, encode_ask, parse_ask
     lay = _layout(4, 16)
-    good = encode_ask(77, 1, 2, lay, [3, 4], 16)
+    good = encode_ask(77, 1, 2, lay, [[3, 4]], 16)       # one list per KV cache group
     a = parse_ask(good + bytes(100), 77, 1)     # pages are zero-padded
-    assert (a["tp"], a["local"], a["start"]) == (2, [3, 4], 16)
+    assert (a["tp"], a["local"], a["start"]) == (2, [[3, 4]], 16)
     raw = json.loads(good)
     bad = {
         "not JSON": b"{nope",
@@ -303,8 +341,9 @@ def test_push_asks_and_their_tags_are_checked_before_use():
         "transfer": dict(raw, xid=78),
         "tensor-parallel": dict(raw, tp=1),
         "first token": dict(raw, start=-1),
-        "block numbers": dict(raw, local=[3, "4"]),
-        "non-empty": dict(raw, local=[]),
+        "block numbers": dict(raw, local=[[3, "4"]]),
+        "non-empty": dict(raw, local=[[]]),
+        "one per": dict(raw, local=[3, 4]),
         "heads": dict(raw, layout=dict(lay, heads=0)),
         "order": dict(raw, layout=dict(lay, order="XY")),
         "block_shape": dict(raw, layout=dict(lay, block_shape="big")),
@@ -550,6 +589,59 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
         ps = assert_idle(p)
         assert ps["errors"] == [], ps["errors"]
         assert (ps["stats"].get("pushes", 0) > 0) == (mode == "push"), ps["stats"]
+    finally:
+        p.drop()
+        d.drop()
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_hybrid_models_move_every_group(procs, model_dir, mode):
+    """vLLM's hybrid allocator: full-attention and sliding-window layers in
+    two KV cache groups overlaying one memory. Each group's blocks move (the
+    window's dropped ones are null on the prefill and skipped), checked
+    token by token on every layer within the window it keeps."""
+    extra = {"transport": "shm", "lease_ms": LEASE_MS}
+    p = procs[0].new("p-hybrid-" + mode, model_dir, "kv_producer", extra, hybrid=True)
+    d = procs[1].new("d-hybrid-" + mode, model_dir, "kv_consumer", dict(extra, mode=mode),
+                     hybrid=True)
+    try:
+        cases = {"a": prompt(60, 100), "b": prompt(61, 9), "c": prompt(62, 48)}
+        params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
+        # Two groups: the full-attention blocks, and the window's (the first
+        # ones of a long prompt dropped: null).
+        ids = params["a"]["remote_block_ids"]
+        assert len(ids) == 2 and len(ids[0]) == 7 and 0 in ids[1] and ids[1][-1] != 0, ids
+        before = d.state()["stats"].get("read_blocks", 0)
+        for rid, toks in cases.items():
+            d.add(rid, toks, params[rid], 2)
+        d.run(until=list(cases), idle=True)
+        s = assert_idle(d)
+        assert s["load_errors"] == [] and s["errors"] == [], s
+        for rid in cases:
+            assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
+        assert s["stats"]["read_blocks"] - before == sum(
+            len([b for g in v["remote_block_ids"] for b in g if b]) for v in params.values())
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+        ps = assert_idle(p)
+        assert ps["errors"] == [], ps["errors"]
+    finally:
+        p.drop()
+        d.drop()
+
+
+def test_hybrid_and_plain_instances_are_refused_with_a_clear_error(procs, model_dir):
+    extra = {"transport": "shm", "lease_ms": LEASE_MS}
+    p = procs[0].new("p-hybrid-x", model_dir, "kv_producer", extra, hybrid=True)
+    d = procs[1].new("d-plain-x", model_dir, "kv_consumer", extra)
+    try:
+        toks = prompt(63, 40)
+        d.add("x", toks, prefill(p, "x", toks), 2)
+        d.run(until=["x"], idle=True)
+        s = assert_idle(d)
+        assert s["load_errors"], s
+        assert any("KV cache has 2 groups, this decode's 1" in e for e in s["errors"]), s["errors"]
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 + 20)
+        assert_idle(p)
     finally:
         p.drop()
         d.drop()
