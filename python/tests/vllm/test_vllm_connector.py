@@ -129,6 +129,19 @@ def prefill(p, rid, toks):
     return params
 
 
+def decode_all(d, cases, params):
+    """Runs each prompt on the decode with its prefill's parameters; every
+    block arrived as the prefill wrote it, no error -> the decode's state."""
+    for rid, toks in cases.items():
+        d.add(rid, toks, params[rid], 2)
+    d.run(until=list(cases), idle=True)
+    s = assert_idle(d)
+    assert s["load_errors"] == [] and s["errors"] == [], s
+    for rid in cases:
+        assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
+    return s
+
+
 def is_push(d):
     return d.name.startswith("d-push")
 
@@ -576,13 +589,7 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
     try:
         cases = {"a": prompt(50, 70), "b": prompt(51, 9), "c": prompt(52, 32)}
         params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
-        for rid, toks in cases.items():
-            d.add(rid, toks, params[rid], 2)
-        d.run(until=list(cases), idle=True)
-        s = assert_idle(d)
-        assert s["load_errors"] == [] and s["errors"] == [], s
-        for rid in cases:
-            assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
+        s = decode_all(d, cases, params)
         # Every prefill rank heard from every decode rank that read it (or
         # wrote into every decode rank that asked).
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
@@ -612,13 +619,7 @@ def test_hybrid_models_move_every_group(procs, model_dir, mode):
         ids = params["a"]["remote_block_ids"]
         assert len(ids) == 2 and len(ids[0]) == 7 and 0 in ids[1] and ids[1][-1] != 0, ids
         before = d.state()["stats"].get("read_blocks", 0)
-        for rid, toks in cases.items():
-            d.add(rid, toks, params[rid], 2)
-        d.run(until=list(cases), idle=True)
-        s = assert_idle(d)
-        assert s["load_errors"] == [] and s["errors"] == [], s
-        for rid in cases:
-            assert s["checked"][rid] == [], "blocks %s of %s differ" % (s["checked"][rid], rid)
+        s = decode_all(d, cases, params)
         assert s["stats"]["read_blocks"] - before == sum(
             len([b for g in v["remote_block_ids"] for b in g if b]) for v in params.values())
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
