@@ -45,16 +45,20 @@ class HixlConnectorMetadata(KVConnectorMetadata):
     lease end) of prefill requests whose blocks wait for a decode's read."""
     reqs_to_recv: dict = dataclasses.field(default_factory=dict)
     reqs_to_send: dict = dataclasses.field(default_factory=dict)
+    reqs_to_save: dict = dataclasses.field(default_factory=dict)   # host staging: request id
+                                                                   # -> blocks this step wrote
 
 
 @dataclasses.dataclass
 class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):
     """What a worker tells the scheduler role: its engine's address, its
-    cluster id, its tensor-parallel rank and its KV layout."""
+    cluster id, its tensor-parallel rank, its KV layout and whether it
+    transfers a host copy of a device KV cache."""
     address: str
     cluster_id: int
     tp_rank: int
     layout: dict
+    host_buffer: bool = False
 
 
 @dataclasses.dataclass
@@ -140,7 +144,7 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
                                   heads=getattr(spec, "num_kv_heads", 1),
                                   block_tokens=spec.block_size,
                                   mla=type(spec).__name__.startswith("MLA"),
-                                  groups=len(groups))
+                                  groups=len(groups), kv_buffer_device=ktc.kv_buffer_device)
 
     # ------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches):
@@ -158,7 +162,8 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is None or self._worker._layout is None:
             return None
         h = self._worker.handshake()
-        return HixlHandshakeMetadata(h["address"], h["cluster_id"], h["tp_rank"], h["layout"])
+        return HixlHandshakeMetadata(h["address"], h["cluster_id"], h["tp_rank"], h["layout"],
+                                     h["host_buffer"])
 
     def start_load_kv(self, forward_context, **kwargs: Any):
         meta = self._get_connector_metadata()
@@ -171,11 +176,20 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any):
-        """Decode reads the prefill's blocks; the prefill saves nothing."""
+        """The blocks move after the prefill (read, or written once the decode
+        allocated its own): nothing to do per layer."""
         return
 
     def wait_for_save(self):
-        return
+        """With host staging: the blocks this step wrote, copied to host."""
+        meta = self._get_connector_metadata()
+        if isinstance(meta, HixlConnectorMetadata) and meta.reqs_to_save:
+            self._worker.save(meta.reqs_to_save)
+
+    def set_host_xfer_buffer_ops(self, copy_operation):
+        """vLLM's copy between the device KV cache and the host copy."""
+        if self._worker is not None:
+            self._worker.set_copy_op(copy_operation)
 
     def get_finished(self, finished_req_ids):
         sent, recv = self._worker.finished()
@@ -216,8 +230,8 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
-        recv, send = self._sched.build_meta()
-        return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send)
+        recv, send, save = self._sched.build_meta(scheduler_output)
+        return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send, reqs_to_save=save)
 
     def request_finished(self, request, block_ids):
         return self._sched.request_finished(request, (block_ids,))

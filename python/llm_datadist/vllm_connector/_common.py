@@ -22,6 +22,8 @@ DEFAULTS = {
     "mode": "pull",               # decode: "pull" reads the prefill's blocks; "push" asks the
                                   # prefill to write them into this decode's blocks
     "transfer_workers": 4,        # threads that run the reads of the decode side
+    "host_buffer": "auto",        # "auto": transfer a host copy of a device KV cache when
+                                  # vLLM's kv_buffer_device is "cpu"; "on": always; "off": never
     "metadata_server": "",        # "etcd://host:port[,...]": workers publish themselves there
                                   # and decode links to prefill workers by name, not address
 }
@@ -85,6 +87,9 @@ def options(extra):
         elif not isinstance(v, str):
             raise ConfigError("HixlConnector: %s must be a string, got %r" % (k, v))
         out[k] = v
+    if out["host_buffer"] not in ("auto", "on", "off"):
+        raise ConfigError("HixlConnector: host_buffer must be \"auto\", \"on\" or \"off\", "
+                          "got %r" % out["host_buffer"])
     if out["mode"] not in ("pull", "push"):
         raise ConfigError("HixlConnector: mode must be \"pull\" or \"push\", got %r"
                           % out["mode"])

@@ -32,6 +32,9 @@ class Scheduler:
         self._send = {}           # this step: request id -> (xid, expires_at)
         self._specs = {}          # request id -> RemoteSpec, between matching and allocation
         self._bad = set()         # request ids whose kv_transfer_params were refused
+        self._staged = False      # the workers keep the KV in a device, transfer a host copy
+        self._tables = {}         # staged: request id -> [its blocks, prompt length, tokens
+                                  # copied to host] for requests a decode will take
 
     def set_handshake(self, metadata):
         """metadata: {tp rank: handshake dict} from every worker."""
@@ -41,6 +44,7 @@ class Scheduler:
                              % (ranks, self._tp_size - 1))
         self._ranks = [[metadata[r]["address"], metadata[r]["cluster_id"]] for r in ranks]
         self._layout = metadata[0]["layout"]
+        self._staged = bool(metadata[0].get("host_buffer"))
 
     def _spec(self, request):
         """The RemoteSpec of a decode request, None when it has none (or an
@@ -76,6 +80,9 @@ class Scheduler:
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         params = request.kv_transfer_params
+        if params and params.get("do_remote_decode") and self._staged:
+            # Its blocks come with the step's scheduler output.
+            self._tables[request.request_id] = [None, len(request.prompt_token_ids or ()), 0]
         if not params or not params.get("do_remote_prefill"):
             return
         spec = self._spec(request)
@@ -99,8 +106,32 @@ class Scheduler:
         report = bool(flat(local))
         self._recv[request.request_id] = (spec, local, cached * self._block_size, report)
 
-    def build_meta(self):
-        out = (self._recv, self._send)
+    def build_meta(self, so=None):
+        """-> (reads to start, requests to hold, blocks to copy to host). With
+        staging, the prompt blocks of a request a decode will take are copied
+        to host as steps compute them (wait_for_save), before vLLM can hand
+        out its kv_transfer_params -- from token 0 on: blocks the prefix
+        cache supplied were computed earlier, for another request."""
+        save = {}
+        if self._tables and so is not None:
+            steps = [(r.req_id, r.block_ids, r.num_computed_tokens, False)
+                     for r in so.scheduled_new_reqs]
+            cr = so.scheduled_cached_reqs
+            steps += [(rid, cr.new_block_ids[i], cr.num_computed_tokens[i],
+                       rid in cr.resumed_req_ids) for i, rid in enumerate(cr.req_ids)]
+            for rid, new, start, resumed in steps:
+                t = self._tables.get(rid)
+                if t is None:
+                    continue
+                if new is not None:
+                    if resumed:
+                        t[2] = 0          # preempted: its blocks are new ones
+                    t[0] = list(new[0]) if resumed or t[0] is None else t[0] + list(new[0])
+                end = min(start + so.num_scheduled_tokens.get(rid, 0), t[1])
+                if end > t[2] and t[0]:
+                    save[rid] = t[0][t[2] // self._block_size:(end - 1) // self._block_size + 1]
+                    t[2] = end
+        out = (self._recv, self._send, save)
         self._recv, self._send = {}, {}
         return out
 
@@ -109,6 +140,7 @@ class Scheduler:
         from vllm.v1.request import RequestStatus
         params = request.kv_transfer_params
         rid = request.request_id
+        self._tables.pop(rid, None)
         if not params:
             return False, None
         if params.get("do_remote_prefill"):

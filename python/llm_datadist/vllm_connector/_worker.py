@@ -94,15 +94,30 @@ def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens
     return regions, layout
 
 
+def _copy_blocks(src, dst, src_blocks, dst_blocks, direction):
+    """Copies blocks between {region: tensor} dicts whose first dimension is
+    the blocks (used when vLLM gave no copy operation)."""
+    import torch
+    for k, s in src.items():
+        d = dst[k]
+        d[torch.tensor(dst_blocks, device=d.device)] = \
+            s[torch.tensor(src_blocks, device=s.device)].to(d.device)
+
+
 class Worker:
     """The worker role. Methods are called from vLLM's model-runner thread;
     reads finish on the pool's threads and transfer events arrive on an
     LLM-DataDist thread, so the shared sets are guarded by one lock."""
 
     def __init__(self, opts, engine_id, kv_role, tp_rank, tp_size, num_blocks, layer_names,
-                 heads=1, block_tokens=None, mla=False, groups=1):
+                 heads=1, block_tokens=None, mla=False, groups=1, kv_buffer_device="cpu"):
         self._opts = opts
         self._groups = groups
+        self._buffer_device = kv_buffer_device
+        self._host = None         # host staging: {region: host copy}, {region: device view}
+        self._dev = None
+        self._copy_op = None      # vLLM's (set_host_xfer_buffer_ops), else _copy_blocks
+        self._to_device = {}      # decode, staged: request id -> blocks arrived in the host copy
         self._tp_rank, self._tp_size = tp_rank, tp_size
         self._num_blocks = num_blocks
         self._layer_names = list(layer_names)
@@ -172,6 +187,21 @@ class Worker:
         regions, layout = describe_kv_caches(kv_caches, self._layer_names, self._num_blocks,
                                              heads, block_tokens, mla, groups=self._groups)
         where = ldd.Placement.DEVICE if regions[0][1].is_cuda else ldd.Placement.HOST
+        self._host = self._dev = None
+        if self._stages(regions[0][1]):
+            # Host staging: peers move a host copy; the blocks are copied
+            # from the device after each step that wrote them (prefill) and to
+            # it before a read is reported done (decode).
+            if self._groups > 1:
+                raise LayoutError("HixlConnector: host staging with %d KV cache groups is not "
+                                  "supported" % self._groups)
+            import torch
+            pin = torch.cuda.is_available() and regions[0][1].is_cuda
+            self._dev = {str(i): v for i, (_, v) in enumerate(regions)}
+            self._host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=pin)
+                          for k, v in self._dev.items()}
+            regions = [(h.data_ptr(), h) for h in self._host.values()]
+            where = ldd.Placement.HOST
         addrs = [a for a, _ in regions]
         cm = self._dd.cache_manager
         self._kv = cm.register_blocks_cache(
@@ -210,7 +240,39 @@ class Worker:
 
     def handshake(self):
         return {"address": self._dd.local_address, "cluster_id": self._cluster,
-                "tp_rank": self._tp_rank, "layout": self._layout}
+                "tp_rank": self._tp_rank, "layout": self._layout,
+                "host_buffer": self._host is not None}
+
+    # -- host staging
+    def _stages(self, tensor):
+        """host_buffer "on", or "auto" with vLLM's kv_buffer_device "cpu" and
+        the KV in a device."""
+        how = self._opts["host_buffer"]
+        return how == "on" or (how == "auto" and self._buffer_device == "cpu"
+                               and tensor.device.type != "cpu")
+
+    def set_copy_op(self, op):
+        self._copy_op = op
+
+    def _stage(self, blocks, direction):
+        if self._host is None or not blocks:
+            return
+        src, dst = (self._dev, self._host) if direction == "d2h" else (self._host, self._dev)
+        if self._copy_op is not None:
+            try:
+                self._copy_op(src, dst, list(blocks), list(blocks), direction)
+                return
+            except (AttributeError, NotImplementedError, TypeError) as e:
+                # vLLM's operation copies through its platform, and a CPU
+                # platform has none (missing, or None): a plain tensor copy from now on.
+                _log.info("HixlConnector rank %d: vLLM's KV copy operation is not available "
+                          "here (%s); copying blocks with torch", self._tp_rank, e)
+                self._copy_op = None
+        _copy_blocks(src, dst, list(blocks), list(blocks), direction)
+
+    def save(self, reqs_to_save):
+        """Prefill, after a step: the blocks it wrote, copied to host."""
+        self._stage(sorted({b for blocks in reqs_to_save.values() for b in blocks}), "d2h")
 
     # -- one engine step
     def start(self, meta):
@@ -308,6 +370,8 @@ class Worker:
                 with self._lock:
                     self._stats["reads"] += 1
                     self._stats["read_blocks"] += len(flat(local))
+                    if self._host is not None and report:
+                        self._to_device[req_id] = flat(local)
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
             failed = e
         if failed is not None:
@@ -409,6 +473,8 @@ class Worker:
             if not why:
                 self._stats["reads"] += 1
                 self._stats["read_blocks"] += len(w.local)
+                if self._host is not None and w.report:
+                    self._to_device[w.req_id] = w.local
             else:
                 msg = "request %s: the prefill did not write %d blocks: %s" % (
                     w.req_id, len(w.local), why)
@@ -565,6 +631,9 @@ class Worker:
                 del self._early[xid]
             self._settle_waits(t)
             recv, self._done_recv = self._done_recv, set()
+            arrived = [self._to_device.pop(r) for r in recv if r in self._to_device]
+        # Host staging: what arrived goes to the device before vLLM hears of it.
+        self._stage(sorted({b for blocks in arrived for b in blocks}), "h2d")
         return sent, recv
 
     def failed_recv(self):

@@ -10,7 +10,8 @@ from the prefill, not computed (its prefix cache has never seen them).
 A control shows the comparison has teeth: a decode handed the blocks of
 another prompt (wrong KV, read all the same) must answer differently.
 
-    python e2e.py [--transport tcp|shm] [--mode pull|push] [--hybrid] [--requests N]
+    python e2e.py [--transport tcp|shm] [--mode pull|push] [--hybrid] [--host-buffer]
+                  [--requests N]
                                                            (scripts/vllm-e2e.sh)
 
 Prints one JSON line with the figures; exits 1 on any difference."""
@@ -92,8 +93,8 @@ def write_model(path, hybrid=False):
     return path
 
 
-def start(model, port, role, transport, mode, log):
-    extra = {"transport": transport}
+def start(model, port, role, transport, mode, host_buffer, log):
+    extra = {"transport": transport, "host_buffer": "on" if host_buffer else "auto"}
     if role == "kv_consumer":
         extra["mode"] = mode
     kvt = {"kv_connector": "HixlConnector",
@@ -176,6 +177,8 @@ def main():
                     help="the decode reads the prefill's blocks, or has the prefill write them")
     ap.add_argument("--hybrid", action="store_true",
                     help="a model with a sliding-window layer (two KV cache groups)")
+    ap.add_argument("--host-buffer", action="store_true",
+                    help="both sides move a host copy of their KV cache (host_buffer \"on\")")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--ready-timeout", type=int, default=600)
@@ -196,7 +199,8 @@ def main():
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             logs[name] = open(os.path.join(work, name + ".log"), "w")
-            procs[name] = (start(model, ports[name], role, a.transport, a.mode, logs[name]), ports[name])
+            procs[name] = (start(model, ports[name], role, a.transport, a.mode, a.host_buffer,
+                                   logs[name]), ports[name])
         wait_healthy(procs, a.ready_timeout)
         ready_s = time.monotonic() - t0
         prefill_url = "http://127.0.0.1:%d" % ports["prefill"]
@@ -252,6 +256,7 @@ def main():
     if not failures:
         shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
     print(json.dumps({"transport": a.transport, "mode": a.mode, "hybrid": a.hybrid,
+                      "host_buffer": a.host_buffer,
                       "ready_s": ready_s,
                       "kv_groups": groups, "requests": rows, "control_differs": control_differs, "failures": failures,
                       "logs": work if failures else None}))

@@ -47,7 +47,7 @@ def kv_value(token, pos, layer, head):
 
 class Node:
     def __init__(self, model_dir, kv_role, extra, *, block_size=16, num_blocks=64, tp=1,
-                 order="HN", mla=False, prefix_caching=True, hybrid=False):
+                 order="HN", mla=False, prefix_caching=True, hybrid=False, staging=False):
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
@@ -72,6 +72,8 @@ class Node:
                              is_encoder_decoder=False)
         cc = CacheConfig(block_size=block_size, cache_dtype="auto",
                          enable_prefix_caching=prefix_caching)
+        if staging:     # the KV tensors play a device's; peers move a host copy
+            extra = dict(extra, host_buffer="on")
         kvt = KVTransferConfig(kv_connector="HixlConnector",
                                kv_connector_module_path="llm_datadist.vllm_connector",
                                kv_role=kv_role, kv_connector_extra_config=extra)
@@ -126,6 +128,8 @@ class Node:
                        for _ in groups[0].layer_names]
                 kv = {n: mem[list(g.layer_names).index(n)] for g in groups for n in g.layer_names}
                 w.register_kv_caches(kv)
+                if staging:
+                    w.set_host_xfer_buffer_ops(self._copy_blocks)   # as vLLM's runner does
                 self.workers.append(w)
                 self.kv.append(kv)
         finally:
@@ -141,6 +145,15 @@ class Node:
         self.remote = set()     # request ids whose prompt KV should have arrived
         self.load_errors = set()
         self.stats = {}
+
+    def _copy_blocks(self, src, dst, src_ids, dst_ids, direction):
+        """The copy operation vLLM's model runner hands the connector
+        (set_host_xfer_buffer_ops), counted: blocks index the first dimension."""
+        assert direction in ("d2h", "h2d") and len(src_ids) == len(dst_ids)
+        for k, t in src.items():
+            dst[k][dst_ids] = t[src_ids]
+        key = direction + "_blocks"
+        self.stats[key] = self.stats.get(key, 0) + len(src_ids)
 
     def _shape(self):
         b, h = self.block_size, self.heads

@@ -630,6 +630,42 @@ def test_hybrid_models_move_every_group(procs, model_dir, mode):
         d.drop()
 
 
+@pytest.mark.parametrize("mode,sides", [("pull", "both"), ("push", "both"),
+                                        ("pull", "prefill"), ("push", "decode")])
+def test_host_staging_moves_a_host_copy_of_the_kv(procs, model_dir, mode, sides):
+    """kv_buffer_device "cpu" with the KV in a device (played by the test's
+    tensors, host_buffer "on"): peers move a host copy; the prefill copies
+    each step's blocks out with vLLM's copy operation before its parameters
+    leave, the decode copies what arrived in before vLLM hears of it. Either
+    side may stage alone."""
+    extra = {"transport": "shm", "lease_ms": LEASE_MS}
+    name = "staging-%s-%s" % (mode, sides)
+    p = procs[0].new("p-" + name, model_dir, "kv_producer", extra,
+                     staging=sides in ("both", "prefill"))
+    d = procs[1].new("d-" + name, model_dir, "kv_consumer", dict(extra, mode=mode),
+                     staging=sides in ("both", "decode"))
+    try:
+        cases = {"a": prompt(70, 100), "b": prompt(71, 9), "c": prompt(72, 48)}
+        # An ordinary request first: "a" then finds most of its blocks in the
+        # prefill's prefix cache, computed for another request.
+        p.add("warm", cases["a"], None, 1)
+        p.run(until=["warm"], idle=True)
+        params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
+        before = d.state()["stats"].get("read_blocks", 0)
+        s = decode_all(d, cases, params)
+        read = s["stats"]["read_blocks"] - before
+        assert read == sum(len(v["remote_block_ids"]) for v in params.values())
+        assert s["stats"].get("h2d_blocks", 0) == (read if sides != "prefill" else 0), s["stats"]
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+        ps = assert_idle(p)
+        assert ps["errors"] == [], ps["errors"]
+        # Every prompt block went out to the host copy (as the steps wrote them).
+        assert (ps["stats"].get("d2h_blocks", 0) >= read) == (sides != "decode"), ps["stats"]
+    finally:
+        p.drop()
+        d.drop()
+
+
 def test_hybrid_and_plain_instances_are_refused_with_a_clear_error(procs, model_dir):
     extra = {"transport": "shm", "lease_ms": LEASE_MS}
     p = procs[0].new("p-hybrid-x", model_dir, "kv_producer", extra, hybrid=True)
