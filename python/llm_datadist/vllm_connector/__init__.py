@@ -146,6 +146,16 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
                                   mla=type(spec).__name__.startswith("MLA"),
                                   groups=len(groups), kv_buffer_device=ktc.kv_buffer_device)
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """kv_connector_extra_config["kv_cache_layout"], when set: e.g. a
+        block-outer layout ("BLHNC"), whose blocks hold every layer's page
+        and so move as one descriptor each."""
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        if ktc is None:
+            return None
+        return _common.options(ktc.kv_connector_extra_config)["kv_cache_layout"] or None
+
     # ------------------------------------------------------------ worker role
     def register_kv_caches(self, kv_caches):
         self._worker.register_kv_caches(kv_caches)

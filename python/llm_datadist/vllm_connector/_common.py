@@ -24,6 +24,8 @@ DEFAULTS = {
     "transfer_workers": 4,        # threads that run the reads of the decode side
     "host_buffer": "auto",        # "auto": transfer a host copy of a device KV cache when
                                   # vLLM's kv_buffer_device is "cpu"; "on": always; "off": never
+    "kv_cache_layout": "",        # a vLLM KV cache layout to ask for, e.g. "BLHNC" (block-outer:
+                                  # each block holds every layer, one descriptor per block)
     "metadata_server": "",        # "etcd://host:port[,...]": workers publish themselves there
                                   # and decode links to prefill workers by name, not address
 }

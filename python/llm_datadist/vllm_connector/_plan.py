@@ -72,6 +72,11 @@ def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
         if n == 0:
             return [(r, "release", [], [], 1)]
         return [(r, "blocks", remote, list(local[:n]), 1)]
+    if mine.get("cross_layer") or theirs.get("cross_layer"):
+        raise LayoutError("blocks holding every layer (a block-outer KV layout) move only "
+                          "between alike instances; these differ: %s"
+                          % (mismatch(mine, theirs) or "tensor-parallel sizes: here %d, "
+                             "prefill %d" % (tp_d, tp_p)))
     why = mismatch(mine, theirs, _ROW_KEYS)
     if why:
         raise LayoutError("the prefill's KV layout differs from this decode's: " + why)

@@ -47,7 +47,8 @@ def kv_value(token, pos, layer, head):
 
 class Node:
     def __init__(self, model_dir, kv_role, extra, *, block_size=16, num_blocks=64, tp=1,
-                 order="HN", mla=False, prefix_caching=True, hybrid=False, staging=False):
+                 order="HN", mla=False, prefix_caching=True, hybrid=False, staging=False,
+                 cross_layer=False):
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
@@ -104,7 +105,10 @@ class Node:
             num_blocks=num_blocks,
             kv_cache_tensors=[KVCacheTensor(size=page * num_blocks * NUM_LAYERS,
                                             layers=list(g.layer_names),
-                                            layer_stride=page * num_blocks, block_stride=page)
+                                            layer_stride=page if cross_layer else
+                                            page * num_blocks,
+                                            block_stride=page * NUM_LAYERS if cross_layer else
+                                            page)
                               for g in groups],
             kv_cache_groups=groups)
         self.group_of = {n: gi for gi, g in enumerate(groups) for n in g.layer_names}
@@ -124,8 +128,14 @@ class Node:
                 w = KVConnectorFactory.create_connector(self.vc, KVConnectorRole.WORKER, self.kcc)
                 # Poisoned, so that blocks nobody wrote show. Layer i of each
                 # group on the same memory.
-                mem = [torch.full(self._shape(), -1.0, dtype=torch.float32)
-                       for _ in groups[0].layer_names]
+                n_mem = len(groups[0].layer_names)
+                if cross_layer:   # block-outer: block b holds every layer's page
+                    big = torch.full((num_blocks, n_mem) + self._shape()[1:], -1.0,
+                                     dtype=torch.float32)
+                    mem = [big[:, i] for i in range(n_mem)]
+                else:
+                    mem = [torch.full(self._shape(), -1.0, dtype=torch.float32)
+                           for _ in range(n_mem)]
                 kv = {n: mem[list(g.layer_names).index(n)] for g in groups for n in g.layer_names}
                 w.register_kv_caches(kv)
                 if staging:

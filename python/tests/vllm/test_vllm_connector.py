@@ -210,6 +210,15 @@ def test_options_are_checked_with_clear_errors():
         _common.options({"mode": "write"})
     with pytest.raises(ConfigError, match="transfer_timeout_ms must be"):
         _common.options({"transfer_timeout_ms": 0})
+    with pytest.raises(ConfigError, match="host_buffer must be"):
+        _common.options({"host_buffer": "yes"})
+    # The layout the connector asks vLLM for: none unless configured.
+    from llm_datadist.vllm_connector import HixlConnector
+    from types import SimpleNamespace
+    assert HixlConnector.get_required_kvcache_layout(
+        SimpleNamespace(kv_transfer_config=_kvt())) is None
+    assert HixlConnector.get_required_kvcache_layout(
+        SimpleNamespace(kv_transfer_config=_kvt(kv_cache_layout="BLHNC"))) == "BLHNC"
 
 
 def test_kv_cache_groups_of_attention_are_taken_and_recurrent_state_refused():
@@ -260,9 +269,15 @@ def test_kv_layouts_are_described_or_refused():
         describe_kv_caches({"l0": torch.zeros(3, 5)}, ["l0"], nb)
     with pytest.raises(LayoutError, match="not contiguous inside"):
         describe_kv_caches({"l0": torch.zeros(nb, 2, 16, 64)[:, :, :, :32]}, ["l0"], nb)
-    cross = torch.zeros(nb, 2, 16, 64)        # blocks of both layers' pages (cross-layer)
-    with pytest.raises(LayoutError, match="shared across layers are not supported yet"):
-        describe_kv_caches({"l0": cross[:, 0], "l1": cross[:, 1]}, ["l0", "l1"], nb)
+    cross = torch.zeros(nb, 2, 16, 64)        # blocks of both layers' pages (block-outer)
+    regions, lay = describe_kv_caches({"l0": cross[:, 0], "l1": cross[:, 1]}, ["l0", "l1"], nb)
+    assert len(regions) == 1 and regions[0][0] == cross.data_ptr() and lay["cross_layer"]
+    assert lay["block_bytes"] == 2 * 16 * 64 * 4 and lay["order"] is None
+    regions[0][1][3] = 1.0                    # the region's block 3 is block 3 of every layer
+    assert bool((cross[3] == 1).all()) and bool((cross[2] == 0).all())
+    with pytest.raises(LayoutError, match="not one block-outer KV cache"):
+        describe_kv_caches({"l0": torch.zeros(nb, 3, 16, 64)[:, 0],
+                            "l1": torch.zeros(nb, 3, 16, 64)[:, 2]}, ["l0", "l1"], nb)
     with pytest.raises(LayoutError, match="differ"):
         describe_kv_caches({"a": torch.zeros(nb, 4), "b": torch.zeros(nb, 8)}, ["a", "b"], nb)
     assert mismatch(layout, layout) == ""
@@ -661,6 +676,42 @@ def test_host_staging_moves_a_host_copy_of_the_kv(procs, model_dir, mode, sides)
         assert ps["errors"] == [], ps["errors"]
         # Every prompt block went out to the host copy (as the steps wrote them).
         assert (ps["stats"].get("d2h_blocks", 0) >= read) == (sides != "decode"), ps["stats"]
+    finally:
+        p.drop()
+        d.drop()
+
+
+@pytest.mark.parametrize("mode,sides", [("pull", "both"), ("push", "both"),
+                                        ("push", "staged"), ("pull", "prefill")])
+def test_cross_layer_blocks_move_as_one_region(procs, model_dir, mode, sides):
+    """A block-outer KV cache (each block holds every layer's page, as
+    vLLM's BL* layouts lay it): one region, one descriptor per block. Alike
+    instances move it in either mode, host-staged too; with a per-layer
+    decode the difference is refused, named."""
+    extra = {"transport": "shm", "lease_ms": LEASE_MS}
+    name = "cross-%s-%s" % (mode, sides)
+    alike = sides in ("both", "staged")
+    p = procs[0].new("p-" + name, model_dir, "kv_producer", extra, cross_layer=True,
+                     staging=sides == "staged")
+    d = procs[1].new("d-" + name, model_dir, "kv_consumer", dict(extra, mode=mode),
+                     cross_layer=alike, staging=sides == "staged")
+    try:
+        cases = {"a": prompt(80, 100), "b": prompt(81, 9), "c": prompt(82, 48)}
+        params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
+        lay = params["a"]["hixl"]["layout"]
+        assert lay["cross_layer"] and lay["regions"] == 1 and lay["layers"] == 2, lay
+        if alike:
+            decode_all(d, cases, params)
+        else:
+            for rid, toks in cases.items():
+                d.add(rid, toks, params[rid], 2)
+            d.run(until=list(cases), idle=True)
+            s = assert_idle(d)
+            assert s["load_errors"], s
+            assert any("block-outer KV layout" in e and "cross_layer" in e
+                       for e in s["errors"]), s["errors"]
+        p.run(idle=True, timeout=LEASE_MS / 1000.0 + (-1 if alike else 20))
+        assert_idle(p)
     finally:
         p.drop()
         d.drop()
