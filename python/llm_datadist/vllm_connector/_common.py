@@ -192,6 +192,11 @@ def block_list(v):
         isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 2**31 for b in v)
 
 
+def transfer_id(v):
+    """True for a transfer id a proxy may choose (concurrent routing)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**62
+
+
 def now():
     """Wall-clock seconds: lease deadlines travel between hosts."""
     return time.time()
@@ -202,7 +207,8 @@ class RemoteSpec:
     kv_transfer_params (bytes from another process: every field checked)."""
 
     __slots__ = ("request_id", "engine_id", "block_ids", "ranks", "xid", "expires_at",
-                 "block_size", "layout", "tp_size", "xfer_ms")
+                 "block_size", "layout", "tp_size", "xfer_ms", "concurrent", "lease_ms",
+                 "num_tokens")
 
     @classmethod
     def parse(cls, params):
@@ -215,6 +221,13 @@ class RemoteSpec:
             raise ValueError("kv_transfer_params[\"hixl\"] has version %r, this connector "
                              "speaks %d" % (h.get("v"), PARAMS_VERSION))
         s = cls()
+        # Concurrent routing (docs/VLLM.md): the proxy sent the request to
+        # the prefill and here at once, with the prefill's entry from an
+        # earlier answer and a transfer id of its own; no prefill blocks are
+        # known yet, and the prefill writes them as it computes them.
+        s.concurrent = h.get("concurrent", False)
+        if not isinstance(s.concurrent, bool):
+            raise ValueError("kv_transfer_params[\"hixl\"][\"concurrent\"] must be true or false")
         s.request_id = params.get("remote_request_id")
         s.engine_id = params.get("remote_engine_id")
         if not isinstance(s.request_id, str) or not isinstance(s.engine_id, str):
@@ -222,6 +235,8 @@ class RemoteSpec:
         # One list of block numbers, or one per KV cache group (a hybrid
         # model's); kept as one per group.
         ids = params.get("remote_block_ids")
+        if s.concurrent and not ids:
+            ids = []
         groups = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
         if len(groups) > 64 or not all(block_list(g) for g in groups):
             raise ValueError("remote_block_ids must be a list of block numbers, or one list "
@@ -248,8 +263,18 @@ class RemoteSpec:
                                  % (name, v))
         if s.tp_size != len(s.ranks):
             raise ValueError("tp_size %d but %d ranks" % (s.tp_size, len(s.ranks)))
-        if not isinstance(s.expires_at, (int, float)) or isinstance(s.expires_at, bool):
+        if s.concurrent:
+            s.expires_at = None      # the lease starts when the prefill ends
+        elif not isinstance(s.expires_at, (int, float)) or isinstance(s.expires_at, bool):
             raise ValueError("kv_transfer_params[\"hixl\"][\"expires_at\"] must be a time")
+        s.lease_ms = h.get("lease_ms", DEFAULTS["lease_ms"])
+        if not isinstance(s.lease_ms, int) or isinstance(s.lease_ms, bool) or \
+                not 1 <= s.lease_ms <= 86400000:
+            raise ValueError("kv_transfer_params[\"hixl\"][\"lease_ms\"] must be 1..86400000 ms")
+        s.num_tokens = params.get("remote_num_tokens", 0)
+        if not isinstance(s.num_tokens, int) or isinstance(s.num_tokens, bool) or \
+                not 0 <= s.num_tokens < 2**40:
+            raise ValueError("remote_num_tokens must be a count")
         # The prefill's transfer timeout: a push it started before its lease
         # ended writes nothing after expires_at + xfer_ms.
         s.xfer_ms = h.get("xfer_ms", DEFAULTS["transfer_timeout_ms"])

@@ -2,7 +2,7 @@
 how many reads each prefill worker waits for. Pure functions of the two
 sides' KV layouts (no vLLM, no engine), so every pairing is tested alone.
 
-A layout (describe_kv_caches in _worker) names the per-rank KV heads, the
+A layout (describe_kv_caches in _regions) names the per-rank KV heads, the
 block size in tokens, the order of heads and tokens inside a block ("HN":
 heads outer, "NH": tokens outer, None: not known) and the bytes of one row
 (one head's K and V of one token). Two sides with equal layouts and equal
@@ -52,7 +52,7 @@ def releases_only(tp_p, tp_d, r):
     return [(q, "release", [], [], 1) for q in range(tp_p) if q % tp_d == r]
 
 
-def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
+def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks, window=None):
     """The reads of decode rank r -> [(prefill rank, kind, remote, local, expected)].
 
     kind: "blocks" (whole blocks: remote and local are block numbers),
@@ -62,16 +62,23 @@ def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
     decode blocks to fill, holding the tokens from local_start on;
     remote_blocks: every prefill block of the request, from token 0.
     local_start is a multiple of the decode's block size (whole blocks of
-    the local prefix cache come first)."""
+    the local prefix cache come first). window: (t0, t1) moves only what
+    holds tokens t0 <= t < t1 (whole blocks that hold any of them; the rows
+    of exactly those) -- a layer-wise push sends each step's tokens."""
     if not local:
         return releases_only(tp_p, tp_d, r)
     if tp_d == tp_p and mine == theirs:
-        first = local_start // mine["block_tokens"]
+        b = mine["block_tokens"]
+        first = local_start // b
         remote = list(remote_blocks[first:first + len(local)])
-        n = len(remote)
-        if n == 0:
+        loc = list(local[:len(remote)])
+        if window is not None:
+            lo = max(0, window[0] // b - first)
+            hi = max(lo, -(-window[1] // b) - first)
+            remote, loc = remote[lo:hi], loc[lo:hi]
+        if not remote:
             return [(r, "release", [], [], 1)]
-        return [(r, "blocks", remote, list(local[:n]), 1)]
+        return [(r, "blocks", remote, loc, 1)]
     if mine.get("cross_layer") or theirs.get("cross_layer"):
         raise LayoutError("blocks holding every layer (a block-outer KV layout) move only "
                           "between alike instances; these differ: %s"
@@ -99,7 +106,9 @@ def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
                 out.append((q, "release", [], [], 1))
             continue
         heads = [0] if mla else range(max(r * h_d, q * h_p), min((r + 1) * h_d, (q + 1) * h_p))
-        pairs = [(g, t) for g in heads for t in range(local_start, t_end)]
+        t_lo, t_hi = (local_start, t_end) if window is None else \
+            (max(local_start, window[0]), min(t_end, window[1]))
+        pairs = [(g, t) for g in heads for t in range(t_lo, t_hi)]
         if mine["order"] == "NH" and theirs["order"] == "NH":
             pairs.sort(key=lambda p: (p[1], p[0]))   # tokens outer: rows in runs
         rem, loc = [], []
@@ -116,19 +125,20 @@ def plan(mine, theirs, tp_d, r, tp_p, local, local_start, remote_blocks):
 NULL_BLOCK = 0
 
 
-def plan_groups(mine, theirs, tp_d, r, tp_p, local, local_start, remote):
+def plan_groups(mine, theirs, tp_d, r, tp_p, local, local_start, remote, window=None):
     """plan() for blocks that come in KV cache groups (vLLM's hybrid
     allocator: full attention, sliding window, ...): local and remote hold
     one list per group. One group is plan() itself. With several, the groups
     overlay the same memory (a block belongs to one group at a time), so the
     two sides must be alike -- layouts and tensor parallelism -- and whole
     blocks move: each group's blocks from local_start on, paired by
-    position, null blocks (tokens a sliding window dropped) skipped."""
+    position, null blocks (tokens a sliding window dropped) skipped. window:
+    as in plan()."""
     if len(local) != len(remote):
         raise LayoutError("the prefill's KV cache has %d groups, this decode's %d"
                           % (len(remote), len(local)))
     if len(local) == 1:
-        return plan(mine, theirs, tp_d, r, tp_p, local[0], local_start, remote[0])
+        return plan(mine, theirs, tp_d, r, tp_p, local[0], local_start, remote[0], window)
     if not any(local):
         return releases_only(tp_p, tp_d, r)
     if tp_d != tp_p or mine != theirs:
@@ -136,10 +146,14 @@ def plan_groups(mine, theirs, tp_d, r, tp_p, local, local_start, remote):
                                                                                     tp_p)
         raise LayoutError("the KV cache groups of a hybrid model move as whole blocks between "
                           "alike instances; these differ: " + why)
-    first = local_start // mine["block_tokens"]
+    b = mine["block_tokens"]
+    first = local_start // b
+    lo, hi = (first, None) if window is None else (window[0] // b, -(-window[1] // b))
     rem, loc = [], []
     for lg, rg in zip(local, remote):
-        for b_loc, b_rem in zip(lg, rg[first:first + len(lg)]):
+        for i, (b_loc, b_rem) in enumerate(zip(lg, rg[first:first + len(lg)]), first):
+            if i < lo or (hi is not None and i >= hi):
+                continue
             if b_loc != NULL_BLOCK and b_rem != NULL_BLOCK:
                 rem.append(b_rem)
                 loc.append(b_loc)

@@ -55,9 +55,12 @@ class Pages:
         return sum(length for _, length in self._free)
 
 
-def encode_ask(xid, rank, tp_size, layout, local, local_start):
+def encode_ask(xid, rank, tp_size, layout, local, local_start, caches=(0, 0)):
+    """caches: the ids of this worker's KV cache and of its rows (0: none),
+    which a layer-wise write names its destination by."""
     return json.dumps({"v": 1, "xid": xid, "rank": rank, "tp": tp_size, "layout": layout,
-                       "local": list(local), "start": local_start},
+                       "local": list(local), "start": local_start, "kv_cache": caches[0],
+                       "rows_cache": caches[1]},
                       separators=(",", ":")).encode()
 
 
@@ -111,6 +114,10 @@ def parse_ask(raw, xid, rank):
             not all(c.block_list(g) for g in local) or not any(local):
         raise ValueError("the ask's blocks must be non-empty lists of block numbers, one per "
                          "KV cache group")
+    for k in ("kv_cache", "rows_cache"):
+        a.setdefault(k, 0)
+        if not _count(a[k], 0, 2**62):
+            raise ValueError("the ask's %s must be a cache id" % k)
     check_layout(a.get("layout"))
     return a
 

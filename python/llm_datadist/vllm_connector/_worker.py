@@ -6,121 +6,22 @@ LLM-DataDist transfer event, raised after the data) or its lease ended."""
 import collections
 import concurrent.futures
 import logging
+import queue
 import threading
 
 import llm_datadist as ldd
 
 from . import _common as c
+from ._layerwise import Gate, LayerClock, Stream
 from ._plan import LayoutError, flat, plan_groups, releases_only
 from ._push import Pages, Wait, encode_ask, parse_ask
+from ._regions import describe_kv_caches, owners
 
 _log = logging.getLogger(c.LOGGER)
 
 _ROLES = {"kv_producer": ldd.LLMRole.PROMPT, "kv_consumer": ldd.LLMRole.DECODER,
           "kv_both": ldd.LLMRole.MIX}
 _LINK_TYPES = {"shm": "SHM", "tcp": "TCP", "ucx": "UCX"}
-
-
-def describe_kv_caches(kv_caches, layer_names, num_blocks, heads=1, block_tokens=None,
-                       mla=False, groups=1):
-    """The block regions of vLLM's KV tensors -> (regions, layout).
-
-    regions: [(address, tensor)] of equal-sized regions, each num_blocks
-    blocks of layout["block_bytes"] laid end to end. A layer tensor whose
-    first dimension is the blocks is one region; one shaped (2, num_blocks,
-    ...) -- K and V apart -- is two; layers whose tensors share memory (the KV
-    cache groups of vLLM's hybrid allocator overlay each other) give one
-    region. Layers laid block by block (a block-outer layout: each block
-    holds every layer's page) are one region of blocks that large
-    ("cross_layer"). layout: what the two sides compare
-    (_plan), with heads (per rank), block_tokens, the order of heads and
-    tokens inside a block and the bytes of one row (one head, one token)."""
-    if not kv_caches:
-        raise LayoutError("HixlConnector: register_kv_caches got no KV tensors")
-    names = [n for n in layer_names if n in kv_caches] or list(kv_caches)
-    missing = sorted(set(kv_caches) - set(names))
-    names += missing
-    regions, pages, dtypes, split, seen, strided = [], set(), set(), set(), set(), []
-    for name in names:
-        t = kv_caches[name]
-        if t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks and num_blocks != 2:
-            views, split_kv = [t[0], t[1]], True
-        else:
-            views, split_kv = [t], False
-        for v in views:
-            if v.dim() < 2 or v.shape[0] != num_blocks:
-                raise LayoutError(
-                    "HixlConnector: KV tensor of layer %s has shape %s: neither its first "
-                    "dimension nor (after a leading 2 for K and V) its second is the %d blocks"
-                    % (name, tuple(t.shape), num_blocks))
-            page = v[0]
-            if not page.is_contiguous():
-                raise LayoutError("HixlConnector: the blocks of layer %s are not contiguous "
-                                  "inside (strides %s)" % (name, tuple(v.stride())))
-            page_bytes = page.numel() * v.element_size()
-            if v.stride(0) * v.element_size() != page_bytes:
-                strided.append(v)          # one page of a block holding every layer
-            elif v.data_ptr() not in seen:      # a region shared by layers of other groups
-                seen.add(v.data_ptr())
-                regions.append((v.data_ptr(), v))
-            pages.add((tuple(page.shape), page_bytes) if groups == 1 else
-                      ((tuple(page.shape) if name == names[0] else None), page_bytes))
-        dtypes.add(str(t.dtype))
-        split.add(split_kv)
-    cross = None
-    if strided:
-        cross = _cross_layer_region(strided, len(regions), groups, pages)
-        regions = [cross]
-    if groups > 1:
-        # The groups' pages are equally large (vLLM's hybrid allocator); the
-        # shape named is the first layer's (whole blocks move between alike
-        # instances only).
-        sizes = {b for _, b in pages}
-        pages = {p for p in pages if p[0] is not None} if len(sizes) == 1 else pages
-    if len(pages) != 1 or len(dtypes) != 1 or len(split) != 1:
-        raise LayoutError("HixlConnector: the layers' KV blocks differ (shapes %s, dtypes %s); "
-                          "one block layout for every layer is supported"
-                          % (sorted(pages), sorted(dtypes)))
-    (shape, page_bytes), = pages
-    b = block_tokens or 0
-    hn = len(shape) >= 2 and shape[0] == heads and shape[1] == b
-    nh = len(shape) >= 2 and shape[0] == b and shape[1] == heads
-    if heads == 1 and not hn and shape and shape[0] == b:
-        nh = True                   # no heads dimension (MLA: one latent per token)
-    order = "HN" if hn and not nh else "NH" if nh and not hn else None
-    if cross is not None:
-        order, page_bytes = None, cross[1].shape[1] * cross[1].element_size()
-    layout = {"layers": len(names), "regions": len(regions), "block_bytes": page_bytes,
-              "block_shape": list(shape), "dtype": dtypes.pop(), "split_kv": split.pop(),
-              "heads": heads, "block_tokens": b, "order": order, "mla": bool(mla),
-              "row_bytes": page_bytes // (heads * b) if order else 0}
-    if groups > 1:
-        layout["groups"] = groups
-    if cross is not None:
-        layout["cross_layer"] = True
-    return regions, layout
-
-
-def _cross_layer_region(views, others, groups, pages):
-    """The one region of a block-outer KV cache: block b holds the page of
-    every layer, laid end to end -> (address, a (blocks, block) view)."""
-    stride = {v.stride(0) * v.element_size() for v in views}
-    sizes = {b for _, b in pages}
-    page_bytes = sizes.pop() if len(sizes) == 1 else None
-    ptrs = sorted(v.data_ptr() for v in views)
-    if others or groups > 1 or len(stride) != 1 or page_bytes is None or \
-            ptrs != [ptrs[0] + i * page_bytes for i in range(len(ptrs))] or \
-            stride.pop() != len(ptrs) * page_bytes:
-        raise LayoutError(
-            "HixlConnector: the layers' blocks are strided (block strides %s bytes for %s-byte "
-            "pages) but are not one block-outer KV cache whose every block holds each layer's "
-            "page once, end to end" % (sorted({v.stride(0) * v.element_size() for v in views}),
-                                       page_bytes))
-    first = min(views, key=lambda v: v.data_ptr())
-    es = first.element_size()
-    n = len(ptrs) * page_bytes // es
-    return first.data_ptr(), first.as_strided((first.shape[0], n), (n, 1),
-                                              first.storage_offset())
 
 
 def _copy_blocks(src, dst, src_blocks, dst_blocks, direction):
@@ -166,9 +67,14 @@ class Worker:
         self._said_push = False
         self._early = {}          # prefill: xid -> [(ask, time)] come before the step that
                                   # tells this worker of the request
+        self._lw = {}             # prefill, concurrent routing: xid -> Stream (_layerwise)
+        self._dropped = {}        # prefill: xid -> time, concurrent requests aborted
+        self._clock = None        # the steps and layers saved (register_kv_caches)
+        self._tasks = queue.Queue()   # layer-wise writes in flight: (xid, rank, CacheTask)
+        self._waiter = None
         self._stats = {"reads": 0, "read_blocks": 0, "read_failures": 0, "releases": 0,
                        "lease_expiries": 0, "pushes": 0, "pushed_blocks": 0,
-                       "push_failures": 0}
+                       "push_failures": 0, "layer_writes": 0, "layers_overlapped": 0}
         self.recent_errors = collections.deque(maxlen=32)   # the last failures, said plainly
         self._closed = False
         self._kv = self._rows = None
@@ -217,6 +123,7 @@ class Worker:
                                              heads, block_tokens, mla, groups=self._groups)
         where = ldd.Placement.DEVICE if regions[0][1].is_cuda else ldd.Placement.HOST
         self._host = self._dev = None
+        region_owners = owners(kv_caches, regions)
         if self._stages(regions[0][1]):
             # Host staging: peers move a host copy; the blocks are copied
             # from the device after each step that wrote them (prefill) and to
@@ -246,6 +153,8 @@ class Worker:
                 addrs, ldd.BlocksCacheKey(self._cluster, c.ROWS_MODEL_ID))
         self._kv_tensors = dict(kv_caches)   # the memory stays alive while registered
         self._layout = layout
+        if self._clock is None:
+            self._clock = LayerClock(region_owners, cuda=where == ldd.Placement.DEVICE)
         _log.info("HixlConnector rank %d: %d KV regions of %d blocks x %d bytes registered; "
                   "engine at %s", self._tp_rank, len(regions), self._num_blocks,
                   layout["block_bytes"], self._dd.local_address)
@@ -307,11 +216,30 @@ class Worker:
     def start(self, meta):
         """Takes this step's metadata: new prefill requests to release later,
         and reads to start (returns at once; they run on the pool)."""
-        early = []
+        step = self._clock.begin() if self._clock is not None else 0
+        early, posts, answers = [], [], []
         with self._lock:
+            for xid in getattr(meta, "reqs_to_drop", ()):
+                self._drop(xid, answers)
+                early += [a for a, _ in self._early.pop(xid, ())]
+            for req_id, (xid, blocks, t0, t1, total) in getattr(meta, "reqs_to_push",
+                                                                {}).items():
+                st = self._lw.setdefault(xid, Stream())
+                st.req_id, st.blocks, st.total = req_id, blocks, total
+                st.ready = min(st.ready, t0)      # lower after a preemption
+                st.cur = (t0, t1, step)
+                for rank in st.asks:
+                    if rank not in st.answered:
+                        st.inflight[rank] = st.inflight.get(rank, 0) + 1
+                        posts.append((xid, rank, (t0, t1), step))
+                early += [a for a, _ in self._early.pop(xid, ())]
             for req_id, (xid, expires_at, blocks) in meta.reqs_to_send.items():
                 self._sending[xid] = (req_id, expires_at, blocks)
                 early += [a for a, _ in self._early.pop(xid, ())]
+        for a in answers:
+            self._submit_answer(*a)
+        for p in posts:
+            self._post(*p)
         for ask in early:
             self._take_ask(ask)
         for req_id, (spec, local, local_start, report) in meta.reqs_to_recv.items():
@@ -362,15 +290,25 @@ class Worker:
         try:
             if flat(local) and self._kv is None:
                 raise RuntimeError("no KV cache registered on this worker")
+            remote = spec.block_ids
+            if spec.concurrent and flat(local):
+                # The prefill's blocks are not known yet (it computes them
+                # now); whom to ask depends on their count only.
+                tokens = local_start + max(len(g) for g in local) * self._layout["block_tokens"]
+                n = -(-tokens // spec.block_size) if spec.block_size else 0
+                remote = [list(range(1, n + 1)) for _ in local]
             actions = plan_groups(self._layout or {}, spec.layout, self._tp_size, r,
-                                  spec.tp_size, local, local_start, spec.block_ids)
-            if any(kind != "release" for _, kind, _, _, _ in actions) and \
-                    c.now() >= spec.expires_at:
+                                  spec.tp_size, local, local_start, remote)
+            data = any(kind != "release" for _, kind, _, _, _ in actions)
+            if data and not spec.concurrent and c.now() >= spec.expires_at:
                 raise TimeoutError("the prefill's lease on its blocks ended %.1f s ago"
                                    % (c.now() - spec.expires_at))
-            if self._opts["mode"] == "push" and any(a[1] != "release" for a in actions) and \
-                    self._ask(req_id, spec, local, local_start, report, actions):
-                return
+            if data and (self._opts["mode"] == "push" or spec.concurrent):
+                if self._ask(req_id, spec, local, local_start, report, actions):
+                    return
+                if spec.concurrent:
+                    raise RuntimeError("no free ask pages for the prefill to write by (a "
+                                       "concurrent request cannot be read instead)")
             moved = 0
             for q, kind, rem, loc, expected in actions:
                 address, cluster = spec.ranks[q]
@@ -448,9 +386,13 @@ class Worker:
         local (and releases the others). False when the ask does not fit the
         free pages: the caller reads instead."""
         r = self._tp_rank
-        rec = encode_ask(spec.xid, r, self._tp_size, self._layout, local, local_start)
+        rec = encode_ask(spec.xid, r, self._tp_size, self._layout, local, local_start,
+                         (self._kv.cache_id, self._rows.cache_id if self._rows else 0))
         n = -(-len(rec) // c.ASK_PAGE)
-        deadline = spec.expires_at + spec.xfer_ms / 1000.0 + 2.0
+        # Concurrent: the prefill has yet to compute the prompt, and its lease
+        # starts when it has.
+        end = c.now() + spec.lease_ms / 1000.0 if spec.concurrent else spec.expires_at
+        deadline = end + spec.xfer_ms / 1000.0 + 2.0
         with self._lock:
             page = self._pages.alloc(n) if n <= c.ASK_MAX_PAGES else None
             if page is None or spec.xid in self._waits:
@@ -520,6 +462,26 @@ class Worker:
     def _take_ask(self, ask):
         xid, rank = ask[0], ask[1]
         with self._lock:
+            if xid in self._dropped or (xid in self._lw and self._lw[xid].dropped):
+                job = (self._refuse, xid, rank, ask[4], ask[5])
+            elif xid in self._lw:
+                served = self._served.setdefault(xid, set())
+                if rank in served:
+                    return     # asked twice
+                served.add(rank)
+                self._pushing[xid] += 1
+                job = (self._accept,) + tuple(ask)
+            else:
+                job = None
+        if job is not None:
+            try:
+                self._pool.submit(*job)
+            except RuntimeError:    # shutting down
+                if job[0] == self._accept:
+                    with self._lock:
+                        self._pushing[xid] -= 1
+            return
+        with self._lock:
             if xid not in self._sending:
                 # The decode may ask before this worker's next step tells it of
                 # the request: kept a while (bounded; its lease frees the rest).
@@ -540,19 +502,9 @@ class Worker:
     def _serve(self, xid, rank, page, pages, cluster, address):
         """Reads a decode rank's ask, writes this rank's part of the request
         into its blocks, or answers that it will not."""
-        expected, mine = 1, None
+        expected = 1
         try:
-            self._link(address, cluster)
-            with self._lock:
-                mine = self._pages.alloc(pages)
-            if mine is None:
-                raise RuntimeError("no free ask pages on this prefill worker")
-            self._dd.cache_manager.pull_blocks(
-                ldd.BlocksCacheKey(cluster, c.ASKS_MODEL_ID), self._asks,
-                list(range(page, page + pages)), list(range(mine, mine + pages)),
-                tensor_num_per_layer=1)
-            ask = parse_ask(self._asks_view[mine * c.ASK_PAGE:(mine + pages) * c.ASK_PAGE],
-                            xid, rank)
+            ask = self._read_ask(xid, rank, page, pages, cluster, address)
             with self._lock:
                 held = self._sending.get(xid)
             if held is None or self._kv is None:
@@ -587,20 +539,248 @@ class Worker:
             self.recent_errors.append(msg)
             with self._lock:
                 self._stats["push_failures"] += 1
-            try:
-                self._dd.cache_manager.push_blocks(
-                    ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [1], [1],
-                    tensor_num_per_layer=1, user_tag=c.answer_tag(False, xid, self._tp_rank))
-            except Exception:  # noqa: BLE001 -- the decode's deadline ends its wait
-                pass
+            self._refuse(xid, rank, cluster, address)
         finally:
             with self._lock:
-                if mine is not None:
-                    self._pages.free(mine, pages)
                 self._pushing[xid] -= 1
                 if self._pushing[xid] <= 0:
                     del self._pushing[xid]
             self._heard(xid, rank, expected)
+
+    def _read_ask(self, xid, rank, page, pages, cluster, address):
+        """Links to the asking decode worker and reads its ask into pages of
+        our own -> the ask, checked (parse_ask)."""
+        self._link(address, cluster)
+        with self._lock:
+            mine = self._pages.alloc(pages)
+        if mine is None:
+            raise RuntimeError("no free ask pages on this prefill worker")
+        try:
+            self._dd.cache_manager.pull_blocks(
+                ldd.BlocksCacheKey(cluster, c.ASKS_MODEL_ID), self._asks,
+                list(range(page, page + pages)), list(range(mine, mine + pages)),
+                tensor_num_per_layer=1)
+            return parse_ask(self._asks_view[mine * c.ASK_PAGE:(mine + pages) * c.ASK_PAGE],
+                             xid, rank)
+        finally:
+            with self._lock:
+                self._pages.free(mine, pages)
+
+    # -- concurrent routing, prefill side (_layerwise)
+    def layer_saved(self, name):
+        """vLLM's save_kv_layer: the layer's KV of this step is in place (a
+        host copy is written at the step's end only)."""
+        if self._lw and self._host is None and self._clock is not None:
+            self._clock.saved(name)
+
+    def step_saved(self):
+        """vLLM's wait_for_save: the step's forward is over."""
+        if self._clock is None:
+            return
+        self._clock.end()
+        answers = []
+        with self._lock:
+            for xid, st in self._lw.items():
+                if st.cur is None:
+                    continue
+                st.ready, st.cur = st.cur[1], None
+                if st.complete():
+                    st.final.update(st.asks)
+                    answers += self._answerable(xid, st)
+        for a in answers:
+            self._submit_answer(*a)
+
+    def _answerable(self, xid, st, ranks=None):
+        """The answers due now (lock held): [(xid, rank, written?, expected)]."""
+        out = []
+        for rank in (st.asks if ranks is None else ranks):
+            if st.answerable(rank):
+                st.answered.add(rank)
+                ok = not st.dropped and rank not in st.failed
+                out.append((xid, rank, ok, st.asks[rank][4]))
+        return out
+
+    def _drop(self, xid, answers):
+        """A concurrent request was aborted on the prefill (lock held): its
+        asks are refused, now or when their writes in flight ended."""
+        self._dropped[xid] = c.now()
+        st = self._lw.get(xid)
+        if st is not None:
+            st.dropped = True
+            answers += self._answerable(xid, st)
+
+    def _accept(self, xid, rank, page, pages, cluster, address):
+        """Reads a decode rank's ask for a concurrent request and writes
+        what is computed of it; later steps write the rest as they run."""
+        expected = 1
+        try:
+            ask = self._read_ask(xid, rank, page, pages, cluster, address)
+            if self._kv is None:
+                raise RuntimeError("no KV cache registered on this worker")
+            with self._lock:
+                st = self._lw.get(xid)
+                total = st.total if st is not None else None
+            if st is None or st.dropped:
+                raise RuntimeError("the request was aborted here")
+            # Which part this rank writes does not depend on the block numbers.
+            n = -(-total // self._layout["block_tokens"])
+            part = [a for a in plan_groups(ask["layout"], self._layout, ask["tp"], rank,
+                                           self._tp_size, ask["local"], ask["start"],
+                                           [list(range(1, n + 1)) for _ in ask["local"]])
+                    if a[0] == self._tp_rank]
+            if not part or part[0][1] == "release":
+                raise LayoutError("decode rank %d asked this rank for data it does not hold"
+                                  % rank)
+            kind, expected = part[0][1], part[0][4]
+            if (kind == "rows" and not ask["rows_cache"]) or not ask["kv_cache"]:
+                raise LayoutError("decode rank %d named no cache to write into" % rank)
+            posts, answers = [], []
+            with self._lock:
+                if st.dropped:
+                    raise RuntimeError("the request was aborted here")
+                st.asks[rank] = (cluster, address, ask, kind, expected)
+                windows = []
+                if st.ready > 0:
+                    windows.append(((0, st.ready), 0))    # computed: no gate
+                if st.cur is not None:
+                    windows.append(((st.cur[0], st.cur[1]), st.cur[2]))
+                st.inflight[rank] = len(windows)
+                posts = [(xid, rank, w, step) for w, step in windows]
+                if st.complete():
+                    st.final.add(rank)
+                answers = self._answerable(xid, st, [rank])
+            for p in posts:
+                self._post(*p)
+            for a in answers:
+                self._submit_answer(*a)
+        except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
+            msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (
+                xid, rank, address, e)
+            _log.warning("HixlConnector: %s", msg)
+            self.recent_errors.append(msg)
+            with self._lock:
+                self._stats["push_failures"] += 1
+                self._pushing[xid] -= 1
+                if self._pushing[xid] <= 0:
+                    del self._pushing[xid]
+            self._refuse(xid, rank, cluster, address)
+            self._heard(xid, rank, expected)
+
+    def _post(self, xid, rank, window, step):
+        """One layer-wise write of a concurrent request: tokens window[0] ..
+        window[1] of every layer into decode rank `rank`, each layer once
+        the step `step` has computed it (step 0: computed already)."""
+        with self._lock:
+            st = self._lw.get(xid)
+            info = st.asks.get(rank) if st is not None else None
+            blocks = st.blocks if st is not None else None
+        if info is None:
+            return
+        cluster, _, ask, _, _ = info
+        try:
+            acts = plan_groups(ask["layout"], self._layout, ask["tp"], rank, self._tp_size,
+                               ask["local"], ask["start"], blocks, window)
+            part = [a for a in acts if a[0] == self._tp_rank and a[1] != "release" and a[2]]
+            if not part:
+                self._task_ended(xid, rank, None)     # nothing of this rank's in the window
+                return
+            _, kind, src, dst, _ = part[0]
+            cache, dst_id = (self._kv, ask["kv_cache"]) if kind == "blocks" else \
+                (self._rows, ask["rows_cache"])
+            cfg = ldd.TransferWithCacheKeyConfig(ldd.CacheKeyByIdAndIndex(cluster, dst_id, 0))
+            task = self._dd.cache_manager.transfer_cache_async(
+                cache, Gate(self._clock, step), [cfg], src, dst, tensor_num_per_layer=1)
+        except Exception as e:  # noqa: BLE001
+            self._task_ended(xid, rank, "tokens %d..%d: %s" % (window[0], window[1], e))
+            return
+        with self._lock:
+            self._stats["layer_writes"] += 1
+            if self._waiter is None:
+                self._waiter = threading.Thread(target=self._wait_tasks, daemon=True,
+                                                name="hixl-vllm-layers")
+                self._waiter.start()
+        self._tasks.put((xid, rank, task))
+
+    def _wait_tasks(self):
+        """The layer-wise writes' ends, in the order they were posted."""
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            xid, rank, task = item
+            err = None
+            try:
+                task.synchronize()
+            except Exception as e:  # noqa: BLE001
+                err = str(e)
+            self._task_ended(xid, rank, err)
+
+    def _task_ended(self, xid, rank, err):
+        with self._lock:
+            st = self._lw.get(xid)
+            if st is None:
+                return
+            st.inflight[rank] = st.inflight.get(rank, 1) - 1
+            if err is not None:
+                st.failed.setdefault(rank, err)
+            answers = self._answerable(xid, st, [rank])
+        for a in answers:
+            self._submit_answer(*a)
+
+    def _submit_answer(self, xid, rank, ok, expected):
+        try:
+            self._pool.submit(self._answer, xid, rank, ok, expected)
+        except RuntimeError:    # shutting down: the decode's deadline ends its wait
+            pass
+
+    def _answer(self, xid, rank, ok, expected):
+        """Tells decode rank `rank` whether every token of the request is in
+        its blocks (after the data: every write has ended)."""
+        with self._lock:
+            st = self._lw.get(xid)
+            cluster, address, ask = st.asks[rank][:3] if st is not None else (None, None, None)
+            why = st.failed.get(rank) if st is not None else None
+            first = False
+            if ok:
+                first, self._said_push = not self._said_push, True
+                self._stats["pushes"] += 1
+                self._stats["pushed_blocks"] += len(flat(ask["local"]))
+            else:
+                self._stats["push_failures"] += 1
+        try:
+            if cluster is None:
+                return
+            if not ok:
+                msg = "transfer %d: request %s was not written into decode rank %d at %s: %s" % (
+                    xid, st.req_id, rank, address, why or "the request was aborted here")
+                _log.warning("HixlConnector: %s", msg)
+                self.recent_errors.append(msg)
+            elif first:
+                _log.info("HixlConnector rank %d: wrote request %s into decode rank %d layer by "
+                          "layer as it was computed (concurrent routing; once per worker)",
+                          self._tp_rank, st.req_id, rank)
+            self._dd.cache_manager.push_blocks(
+                ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [1], [1],
+                tensor_num_per_layer=1, user_tag=c.answer_tag(ok, xid, self._tp_rank))
+        except Exception as e:  # noqa: BLE001 -- the decode's deadline ends its wait
+            _log.info("HixlConnector: answering decode rank %d for transfer %d failed (%s)",
+                      rank, xid, e)
+        finally:
+            with self._lock:
+                self._pushing[xid] -= 1
+                if self._pushing[xid] <= 0:
+                    del self._pushing[xid]
+            self._heard(xid, rank, expected)
+
+    def _refuse(self, xid, rank, cluster, address):
+        """Answers a decode rank that this worker will not write (best effort)."""
+        try:
+            self._link(address, cluster)
+            self._dd.cache_manager.push_blocks(
+                ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [1], [1],
+                tensor_num_per_layer=1, user_tag=c.answer_tag(False, xid, self._tp_rank))
+        except Exception:  # noqa: BLE001 -- the decode's deadline ends its wait
+            pass
 
     # -- events
     def _heard(self, xid, rank, expected):
@@ -637,30 +817,42 @@ class Worker:
     def finished(self):
         """-> (finished sending, finished receiving) since the last call."""
         t = c.now()
-        sent = set()
+        sent, stale = set(), []
         with self._lock:
             for xid, (ranks, expected, first) in list(self._notified.items()):
                 if xid in self._sending and len(ranks) >= expected and \
                         not self._pushing.get(xid):
                     sent.add(self._sending.pop(xid)[0])
+                    self._lw.pop(xid, None)
                     del self._notified[xid]
                 elif t - first > self._opts["lease_ms"] / 1000.0 + 60:
                     del self._notified[xid]  # a read of a request never sent here
             for xid, (req_id, expires_at, _) in list(self._sending.items()):
                 if t >= expires_at and not self._pushing.get(xid):
                     del self._sending[xid]
+                    self._lw.pop(xid, None)
                     sent.add(req_id)
                     self._stats["lease_expiries"] += 1
                     _log.warning("HixlConnector: request %s: no decode read its KV before its "
                                  "lease ended; its blocks are freed", req_id)
             for xid in [x for x in self._served if x not in self._sending]:
                 del self._served[xid]
-            for xid in [x for x, a in self._early.items()
-                        if t - a[0][1] > self._opts["lease_ms"] / 1000.0]:
-                del self._early[xid]
+            lease = self._opts["lease_ms"] / 1000.0
+            for xid in [x for x, a in self._early.items() if t - a[0][1] > lease]:
+                stale += self._early.pop(xid)     # never heard of here: refused
+            for xid, st in list(self._lw.items()):
+                if st.dropped and not self._pushing.get(xid) and xid not in self._sending:
+                    del self._lw[xid]
+            for xid in [x for x, d in self._dropped.items() if t - d > lease]:
+                del self._dropped[xid]
             self._settle_waits(t)
             recv, self._done_recv = self._done_recv, set()
             arrived = [self._to_device.pop(r) for r in recv if r in self._to_device]
+        for ask, _ in stale:
+            try:
+                self._pool.submit(self._refuse, ask[0], ask[1], ask[4], ask[5])
+            except RuntimeError:
+                pass
         # Host staging: what arrived goes to the device before vLLM hears of it.
         self._stage(sorted({b for blocks in arrived for b in blocks}), "h2d")
         return sent, recv
@@ -676,6 +868,10 @@ class Worker:
         return out
 
     def take_stats(self):
+        if self._clock is not None:
+            n = self._clock.take_overlapped()
+            with self._lock:
+                self._stats["layers_overlapped"] += n
         with self._lock:
             out = dict(self._stats)
             for k in self._stats:
@@ -690,8 +886,13 @@ class Worker:
         if self._closed:
             return
         self._closed = True
+        if self._clock is not None:
+            self._clock.close()       # gates still waiting give up
         self._pool.shutdown(wait=True, cancel_futures=True)
         try:
             self._dd.cache_manager.set_transfer_callback(None)
         finally:
             self._dd.finalize()
+            if self._waiter is not None:
+                self._tasks.put(None)
+                self._waiter.join(timeout=30)

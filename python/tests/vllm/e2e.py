@@ -11,7 +11,7 @@ A control shows the comparison has teeth: a decode handed the blocks of
 another prompt (wrong KV, read all the same) must answer differently.
 
     python e2e.py [--transport tcp|shm] [--mode pull|push] [--hybrid] [--host-buffer]
-                  [--requests N]
+                  [--concurrent] [--requests N]
                                                            (scripts/vllm-e2e.sh)
 
 Prints one JSON line with the figures; exits 1 on any difference."""
@@ -179,6 +179,9 @@ def main():
                     help="a model with a sliding-window layer (two KV cache groups)")
     ap.add_argument("--host-buffer", action="store_true",
                     help="both sides move a host copy of their KV cache (host_buffer \"on\")")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="the proxy sends each request after the first to both at once and "
+                         "the prefill writes each layer as it computes it")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--ready-timeout", type=int, default=600)
@@ -205,7 +208,8 @@ def main():
         ready_s = time.monotonic() - t0
         prefill_url = "http://127.0.0.1:%d" % ports["prefill"]
         proxy = pd_proxy.make_server("127.0.0.1", 0, [prefill_url],
-                                     ["http://127.0.0.1:%d" % ports["decode"]], timeout_s=300)
+                                     ["http://127.0.0.1:%d" % ports["decode"]], timeout_s=300,
+                                     concurrent=a.concurrent)
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         proxy_url = "http://127.0.0.1:%d" % proxy.server_port
         for i in range(a.requests):
@@ -248,15 +252,17 @@ def main():
             stop(p)
         for f in logs.values():
             f.close()
-    if a.mode == "push" and not failures:
+    if (a.mode == "push" or a.concurrent) and not failures:
         # The prefill wrote (a decode that fell back to reading would pass too).
+        said = "(concurrent routing; once per worker)" if a.concurrent else \
+            "(push mode; once per worker)"
         with open(os.path.join(work, "prefill.log")) as f:
-            if "(push mode; once per worker)" not in f.read():
-                failures.append("push mode: the prefill's log says no write into the decode")
+            if said not in f.read():
+                failures.append("the prefill's log says no write into the decode (%s)" % said)
     if not failures:
         shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
     print(json.dumps({"transport": a.transport, "mode": a.mode, "hybrid": a.hybrid,
-                      "host_buffer": a.host_buffer,
+                      "host_buffer": a.host_buffer, "concurrent": a.concurrent,
                       "ready_s": ready_s,
                       "kv_groups": groups, "requests": rows, "control_differs": control_differs, "failures": failures,
                       "logs": work if failures else None}))

@@ -155,6 +155,7 @@ class Node:
         self.remote = set()     # request ids whose prompt KV should have arrived
         self.load_errors = set()
         self.stats = {}
+        self.layer_delay = 0.0  # seconds each layer of a forward takes (set_layer_delay)
 
     def _copy_blocks(self, src, dst, src_ids, dst_ids, direction):
         """The copy operation vLLM's model runner hands the connector
@@ -235,24 +236,31 @@ class Node:
             w.start_load_kv(None)
             self.stats["start_load_kv_max_s"] = max(self.stats.get("start_load_kv_max_s", 0.0),
                                                     time.monotonic() - t0)
-        req_ids, sampled = [], []
+        req_ids, sampled, work = [], [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.sched.requests[rid]
             blocks = self.sched.kv_cache_manager.get_block_ids(rid)     # per group
             if rid in self.remote:
                 self._check_remote(rid, req, blocks)
             end = req.num_computed_tokens
-            toks = req.all_token_ids
-            for p in range(end - n, end):
-                for self._rank, kv in enumerate(self.kv):
-                    for li, name in enumerate(self.names):
-                        block = blocks[self.group_of[name]][p // self.block_size]
-                        if block == 0:
-                            continue    # the null block: a window's dropped tokens
-                        for g, row in self._rows(kv[name], block, p % self.block_size):
-                            row.fill_(kv_value(toks[p], p, li, g))
+            work.append((req.all_token_ids, blocks, end - n, end))
             req_ids.append(rid)
             sampled.append([3000 + req.num_output_tokens] if end >= req.num_tokens else [])
+        # The forward, layer by layer: each layer's K and V of the step's
+        # tokens, then save_kv_layer, as vLLM's attention layers call it.
+        for li, name in enumerate(self.names):
+            for toks, blocks, first, end in work:
+                for p in range(first, end):
+                    block = blocks[self.group_of[name]][p // self.block_size]
+                    if block == 0:
+                        continue    # the null block: a window's dropped tokens
+                    for self._rank, kv in enumerate(self.kv):
+                        for g, row in self._rows(kv[name], block, p % self.block_size):
+                            row.fill_(kv_value(toks[p], p, li, g))
+            for w, kv in zip(self.workers, self.kv):
+                w.save_kv_layer(name, kv[name], None)
+            if work and self.layer_delay:
+                time.sleep(self.layer_delay)
         outputs = []
         for w in self.workers:
             w.wait_for_save()
@@ -307,6 +315,20 @@ class Node:
                 "load_errors": sorted(self.load_errors), "stats": dict(self.stats),
                 "finished": sorted(self.finished),
                 "errors": [e for w in self.workers for e in w._worker.recent_errors]}
+
+    def asked(self, xid):
+        """How many decode ranks' asks for transfer xid the workers took
+        (concurrent routing) or keep for later."""
+        n = 0
+        for w in self.workers:
+            with w._worker._lock:
+                st = w._worker._lw.get(xid)
+                n += len(st.asks) if st is not None else 0
+                n += len(w._worker._early.get(xid, ()))
+        return n
+
+    def set_layer_delay(self, seconds):
+        self.layer_delay = float(seconds)
 
     def clear(self):
         """Forgets what earlier tests left: load errors, checks, messages."""

@@ -130,9 +130,10 @@ def prefill(p, rid, toks):
 
 
 def decode_all(d, cases, params):
-    """Runs each prompt on the decode with its prefill's parameters; every
-    block arrived as the prefill wrote it, no error -> the decode's state."""
-    for rid, toks in cases.items():
+    """Runs each prompt on the decode with its prefill's parameters (None:
+    added already); every block arrived as the prefill wrote it, no error
+    -> the decode's state."""
+    for rid, toks in cases.items() if params is not None else ():
         d.add(rid, toks, params[rid], 2)
     d.run(until=list(cases), idle=True)
     s = assert_idle(d)
@@ -246,7 +247,7 @@ def test_kv_cache_groups_of_attention_are_taken_and_recurrent_state_refused():
 def test_kv_layouts_are_described_or_refused():
     import torch
     from llm_datadist.vllm_connector._plan import LayoutError, mismatch
-    from llm_datadist.vllm_connector._worker import describe_kv_caches
+    from llm_datadist.vllm_connector._regions import describe_kv_caches
     nb = 8
     cpu = {"l0": torch.zeros(nb, 2, 16, 64), "l1": torch.zeros(nb, 2, 16, 64)}
     regions, layout = describe_kv_caches(cpu, ["l0", "l1"], nb, heads=2, block_tokens=16)
@@ -350,6 +351,16 @@ def test_plans_pair_blocks_and_rows_for_every_pairing():
         plan_groups(d2, p1, 2, 0, 1, [[5], [6]], 0, [[9], [8]])
     with pytest.raises(LayoutError, match="2 groups, this decode's 1"):
         plan_groups(same, same, 1, 0, 1, [[5]], 0, [[9], [8]])
+    # A window of tokens (a layer-wise write of one step): the blocks that
+    # hold any of them, the rows of exactly those.
+    assert plan(same, same, 1, 0, 1, [7, 8, 9], 16, [1, 2, 3, 4], (20, 40)) == \
+        [(0, "blocks", [2, 3], [7, 8], 1)]
+    assert plan(same, same, 1, 0, 1, [7, 8], 32, [1, 2, 3, 4], (0, 16)) == \
+        [(0, "release", [], [], 1)]                         # all before the decode's own
+    (_, _, rem, loc, _), = plan(d2, p1, 2, 1, 1, [5, 6], 0, [9, 10], (10, 20))
+    assert len(rem) == 2 * 10 and rem[0] == (9 * 4 + 2) * 16 + 10 and loc[-1] == (6 * 2 + 1) * 16 + 3
+    assert plan_groups(same, same, 1, 0, 1, [[7, 8], [0, 9]], 32, [[1, 2, 3, 4], [0, 0, 5, 6]],
+                       (48, 64)) == [(0, "blocks", [4, 6], [8, 9], 1)]
 
 
 def test_push_asks_and_their_tags_are_checked_before_use():
@@ -362,6 +373,7 @@ def test_push_asks_and_their_tags_are_checked_before_use():
     good = encode_ask(77, 1, 2, lay, [[3, 4]], 16)       # one list per KV cache group
     a = parse_ask(good + bytes(100), 77, 1)     # pages are zero-padded
     assert (a["tp"], a["local"], a["start"]) == (2, [[3, 4]], 16)
+    assert (a["kv_cache"], a["rows_cache"]) == (0, 0)
     raw = json.loads(good)
     bad = {
         "not JSON": b"{nope",
@@ -375,6 +387,7 @@ def test_push_asks_and_their_tags_are_checked_before_use():
         "heads": dict(raw, layout=dict(lay, heads=0)),
         "order": dict(raw, layout=dict(lay, order="XY")),
         "block_shape": dict(raw, layout=dict(lay, block_shape="big")),
+        "cache id": dict(raw, kv_cache=-3),
     }
     for what, rec in bad.items():
         data = rec if isinstance(rec, bytes) else json.dumps(rec).encode()
@@ -779,4 +792,89 @@ def test_a_sleeping_prefill_is_not_read_and_serves_again_after_waking(pd):
     s = assert_idle(d)
     assert s["checked"]["zz2"] == [] and s["load_errors"] == [], s
     p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
+    assert_idle(p)
+
+
+# ------------------------------------------------------ concurrent routing
+
+def _proxy():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "vllm",
+                        "pd_proxy.py")
+    spec = importlib.util.spec_from_file_location("pd_proxy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _until(check, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("name", ["alike", "tp1-to-tp2"])
+def test_concurrent_requests_are_written_layer_by_layer(procs, model_dir, name):
+    """The proxy sends the request to both instances at once: the decode
+    asks before the prefill computes, and each later step of a chunked
+    prefill is written layer by layer while the step runs; a decode that
+    asks only after the prefill ended gets it all at once. Every block
+    arrives; neither side holds a block afterwards."""
+    tp_d = 2 if name == "tp1-to-tp2" else 1
+    extra = {"transport": "tcp", "lease_ms": LEASE_MS, "transfer_timeout_ms": XFER_MS}
+    p = procs[0].new("cp-" + name, model_dir, "kv_producer", extra)
+    d = procs[1].new("cd-" + name, model_dir, "kv_consumer", dict(extra, mode="pull"), tp=tp_d)
+    try:
+        warm = prefill(p, "cw", prompt(60, 20))     # the proxy learns the prefill's entry
+        decode_all(d, {"cw": prompt(60, 20)}, {"cw": warm})
+        proxy = _proxy()
+        p.set_layer_delay(0.2)
+        # Asked before the prefill computes its last two chunks (256 tokens
+        # a step): those are written as each layer is computed.
+        toks = prompt(61, 600)
+        p.add("c1", toks, {"do_remote_decode": True, "hixl_xid": 4242}, 1)
+        p.step()                                    # the first chunk, before any ask
+        d.add("c1", toks, proxy.concurrent_params(warm, 4242), 2)
+        d.step()                                    # allocates and asks
+        _until(lambda: p.asked(4242) == tp_d, "the prefill never took the ask")
+        # Asked after the prefill ended: written at once.
+        toks2 = prompt(62, 40)
+        p.add("c2", toks2, {"do_remote_decode": True, "hixl_xid": 4243}, 1)
+        p.run(until=["c1", "c2"])
+        d.add("c2", toks2, proxy.concurrent_params(warm, 4243), 2)
+        s = decode_all(d, {"c1": toks, "c2": toks2}, None)
+        ps = p.state()
+        assert ps["stats"]["layer_writes"] >= 2 * tp_d, ps["stats"]  # the chunks after the ask
+        assert ps["stats"]["layers_overlapped"] >= 1, ps["stats"]    # moved during the forward
+        assert ps["stats"]["push_failures"] == 0 and ps["errors"] == [], ps
+        p.run(until=[], idle=True)
+        assert_idle(p)
+        assert s["stats"]["read_failures"] == 0
+    finally:
+        p.set_layer_delay(0)
+        p.drop()
+        d.drop()
+
+
+@TCP_ONLY
+def test_concurrent_prefill_abort_refuses_the_decode_at_once(pd):
+    """A concurrent request aborted on the prefill: the decode's ask is
+    refused at once (not at the lease's end), its blocks are load errors and
+    the request still finishes; nothing stays held."""
+    p, d = pd
+    warm = prefill(p, "aw", prompt(70, 20))
+    decode_all(d, {"aw": prompt(70, 20)}, {"aw": warm})
+    toks = prompt(71, 40)
+    d.add("a1", toks, _proxy().concurrent_params(warm, 5151), 2)
+    d.step()
+    _until(lambda: p.asked(5151) == 1, "the prefill never took the ask")
+    p.add("a1", toks, {"do_remote_decode": True, "hixl_xid": 5151}, 1)
+    p.abort("a1")
+    p.run(until=["a1"], idle=True)
+    t0 = time.monotonic()
+    d.run(until=["a1"], idle=True, timeout=LEASE_MS / 1000.0)
+    assert time.monotonic() - t0 < LEASE_MS / 1000.0 - 1
+    s = assert_idle(d)
+    assert s["load_errors"] and any("did not write" in e for e in s["errors"]), s
     assert_idle(p)
