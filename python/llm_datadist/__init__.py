@@ -41,7 +41,8 @@ The LLM-DataDist API::
   pull_cache, pull_blocks, push_cache, push_blocks, transfer_cache_async;
   extensions: get_transfer_events, set_transfer_callback (KvTransferEvent),
   the user_tag= and tensor_num_per_layer= keywords of pulls and pushes,
-  allocate_host_memory.
+  allocate_host_memory, and LayerGates (gates of transfer_cache_async that
+  its thread waits for without the GIL).
 * Layer ranges are Python ranges: range(2, 5) is layers 2, 3 and 4 (step 1
   only); None is every layer.
 * Cache memory: int addresses, numpy arrays, CPU torch tensors or any
@@ -79,9 +80,10 @@ raise LLM_OUT_OF_MEMORY. Details: llm_datadist._facade and python/README.md.
 from . import _llm_datadist
 from ._core import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex,  # noqa: F401
                     CacheManager, CacheTask, DataType, HostMemory, KvTransferEvent,
-                    LayerSynchronizer, LLMClusterInfo, LLMConfig, LlmConfig, LLMDataDist,
-                    LLMException, LLMRole, LLMStatusCode, Placement, TransferConfig,
-                    TransferEventKind, TransferWithCacheKeyConfig, allocate_host_memory)
+                    LayerGates, LayerSynchronizer, LLMClusterInfo, LLMConfig, LlmConfig,
+                    LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement,
+                    TransferConfig, TransferEventKind, TransferWithCacheKeyConfig,
+                    allocate_host_memory)
 from ._facade import (CTRL_MODEL_ID, PUBLISHER_CLUSTER_BASE, RECV_MODEL_ID,  # noqa: F401
                       SUBSCRIBE_STATUS_FAILED, SUBSCRIBE_STATUS_NOT_FOUND,
                       SUBSCRIBE_STATUS_SUCCESS, SUBSCRIBE_STATUS_TIMEOUT, CacheDescriptor, CacheId,
@@ -92,7 +94,8 @@ options = _llm_datadist.options
 __all__ = ["LLMDataDist", "LLMConfig", "LlmConfig", "LLMClusterInfo", "LLMRole", "Placement",
            "DataType", "LLMStatusCode", "LLMException", "CacheDesc", "CacheKey",
            "CacheKeyByIdAndIndex", "BlocksCacheKey", "Cache", "CacheManager", "TransferConfig",
-           "TransferWithCacheKeyConfig", "LayerSynchronizer", "CacheTask", "KvTransferEvent",
+           "TransferWithCacheKeyConfig", "LayerSynchronizer", "LayerGates", "CacheTask",
+           "KvTransferEvent",
            "TransferEventKind", "HostMemory", "allocate_host_memory", "KVCachePublisher",
            "KVCacheSubscriber", "CacheId", "CacheDescriptor", "SubscribeResult",
            "SUBSCRIBE_STATUS_SUCCESS", "SUBSCRIBE_STATUS_TIMEOUT", "SUBSCRIBE_STATUS_NOT_FOUND",

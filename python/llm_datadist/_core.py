@@ -421,6 +421,30 @@ class LayerSynchronizer:
         raise NotImplementedError
 
 
+class LayerGates:
+    """Extension: gates for transfer_cache_async that a task's thread waits
+    for without Python's GIL -- the form to use when the thread that opens
+    them is busy (a model's forward pass). open(i) lets layer i move;
+    open_all() every layer; fail() fails the layers still waiting. early:
+    how many layers were let through by their own open() (not open_all)."""
+
+    def __init__(self, layers):
+        self._g = _C.LayerGates(_int(layers, "layers", 0, _U32))
+
+    def open(self, layer):
+        self._g.open(_int(layer, "layer", 0, _U32))
+
+    def open_all(self):
+        self._g.open_all()
+
+    def fail(self):
+        self._g.fail()
+
+    @property
+    def early(self):
+        return self._g.early
+
+
 class CacheTask:
     """A posted transfer_cache_async."""
 
@@ -611,9 +635,11 @@ class CacheManager:
                 raise _param("transfer_configs must hold TransferConfig or "
                              "TransferWithCacheKeyConfig objects")
             cfgs.append(c._tuple())
-        if layer_synchronizer is not None and not callable(
+        if isinstance(layer_synchronizer, LayerGates):
+            layer_synchronizer = layer_synchronizer._g
+        elif layer_synchronizer is not None and not callable(
                 getattr(layer_synchronizer, "synchronize_layer", None)):
-            raise _param("layer_synchronizer must be a LayerSynchronizer")
+            raise _param("layer_synchronizer must be a LayerSynchronizer or LayerGates")
         task = self._dd.transfer_cache_async(cid, layer_synchronizer, cfgs,
                                              _ints(src_block_indices, "src_block_indices"),
                                              _ints(dst_block_indices, "dst_block_indices"),

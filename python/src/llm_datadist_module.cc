@@ -20,6 +20,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -245,6 +247,55 @@ HostMemory Alloc(const std::shared_ptr<Core>& core, size_t size) {
 }
 
 // A posted transfer_cache_async.
+// Layer gates opened from Python and waited for by a layer-wise task's
+// thread without the GIL (a LayerSynchronizer needs the GIL for every layer,
+// which a thread busy with the model's forward pass holds most of the time).
+class LayerGates {
+ public:
+  explicit LayerGates(uint32_t layers) : open_(layers, false) {}
+  void Open(uint32_t layer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (layer < open_.size()) open_[layer] = true;
+    cv_.notify_all();
+  }
+  void OpenAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    all_ = true;
+    cv_.notify_all();
+  }
+  void Fail() {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+  // True once the layer (or every layer) is open; false on Fail or timeout.
+  bool Wait(uint32_t layer, int32_t timeout_ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [&] { return failed_ || all_ || (layer < open_.size() && open_[layer]); };
+    if (timeout_ms < 0) {
+      cv_.wait(lock, ready);
+    } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
+      return false;
+    }
+    if (failed_) return false;
+    if (!all_) ++early_;
+    return true;
+  }
+  // Waits that a layer's own gate ended (not OpenAll).
+  uint64_t Early() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return early_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bool> open_;
+  bool all_ = false;
+  bool failed_ = false;
+  uint64_t early_ = 0;
+};
+
 struct Task {
   std::shared_ptr<ldd::KvTransferTask> task;
   std::shared_ptr<Core> core;  // the instance outlives its tasks
@@ -440,6 +491,9 @@ class DataDist {
     ldd::LayerGate gate;
     if (synchronizer.is_none()) {
       gate = [](uint32_t, int32_t) { return true; };
+    } else if (py::isinstance<LayerGates>(synchronizer)) {
+      auto gates = synchronizer.cast<std::shared_ptr<LayerGates>>();
+      gate = [gates](uint32_t layer, int32_t timeout_ms) { return gates->Wait(layer, timeout_ms); };
     } else {
       if (!py::hasattr(synchronizer, "synchronize_layer"))
         RaiseParam("layer_synchronizer must have a synchronize_layer(layer_index, timeout) method");
@@ -597,6 +651,14 @@ PYBIND11_MODULE(_llm_datadist, m) {
   m.def("allocate_host_memory", &ModuleAlloc, "size"_a,
         "size bytes of page-aligned host memory from the module's own LlmDataDist instance "
         "(AllocHostMemory): a HostMemory, freed when the last reference to it goes.");
+
+  py::class_<LayerGates, std::shared_ptr<LayerGates>>(
+      m, "LayerGates", "Layer gates a layer-wise task waits for without the GIL (see LayerGates).")
+      .def(py::init<uint32_t>(), "layers"_a)
+      .def("open", &LayerGates::Open, "layer"_a)
+      .def("open_all", &LayerGates::OpenAll)
+      .def("fail", &LayerGates::Fail)
+      .def_property_readonly("early", &LayerGates::Early);
 
   py::class_<Task>(m, "Task", "A posted transfer_cache_async (internal; see CacheTask).")
       .def(

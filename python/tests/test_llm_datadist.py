@@ -490,6 +490,46 @@ cb = cm.register_cache(ldd.CacheDesc(6, [2, 1024], ldd.DataType.DT_UINT8), B,
     prompt.ex("cm.unregister_cache(ca.cache_id); cm.unregister_cache(cb.cache_id)")
 
 
+def test_layer_gates_let_layers_through_one_by_one(prompt, decoder):
+    """LayerGates (waited for in C++, no Python call per layer): layer i
+    moves once open(i) was called; open_all() lets the rest through; fail()
+    fails the task with the layers not yet moved left untouched."""
+    import time
+    prompt.ex("""
+A = [np.zeros((1, 1024), np.uint8) for _ in range(6)]
+ca = cm.register_cache(ldd.CacheDesc(6, [1, 1024], ldd.DataType.DT_UINT8), A)
+""")
+    dst_addrs = prompt.ev("ca.tensor_addrs")
+    cm = decoder.cache_manager
+    src = [pattern(1024, 900 + t).reshape(1, 1024) for t in range(6)]
+    cache = cm.register_cache(ldd.CacheDesc(6, [1, 1024], ldd.DataType.DT_UINT8), src)
+    gates = ldd.LayerGates(3)
+    task = cm.transfer_cache_async(cache, gates, [ldd.TransferConfig(PROMPT_ID, dst_addrs)])
+    gates.open(0)
+    deadline, landed = time.monotonic() + 10, False
+    while not landed and time.monotonic() < deadline:
+        landed = raw(prompt.arrays("A", np.uint8, (1, 1024))[1]) == raw(src[1])
+    assert landed and not task.done()
+    got = prompt.arrays("A", np.uint8, (1, 1024))
+    assert not got[2].any() and not got[5].any()          # layers 1 and 2 wait
+    gates.open_all()
+    assert task.synchronize(timeout_in_millis=10000) == S.LLM_SUCCESS
+    assert [raw(a) for a in prompt.arrays("A", np.uint8, (1, 1024))] == [raw(t) for t in src]
+    assert gates.early == 1
+    # fail(): the layers still waiting fail the task and never move.
+    prompt.ex("for a in A: a[:] = 0")
+    gates = ldd.LayerGates(3)
+    task = cm.transfer_cache_async(cache, gates, [ldd.TransferConfig(PROMPT_ID, dst_addrs)])
+    gates.fail()
+    with pytest.raises(ldd.LLMException):
+        task.synchronize(timeout_in_millis=10000)
+    assert not any(a.any() for a in prompt.arrays("A", np.uint8, (1, 1024)))
+    with pytest.raises(ldd.LLMException):
+        cm.transfer_cache_async(cache, object(), [ldd.TransferConfig(PROMPT_ID, dst_addrs)])
+    cm.unregister_cache(cache.cache_id)
+    prompt.ex("cm.unregister_cache(ca.cache_id)")
+
+
 # --------------------------------------------------------------------- errors
 
 def test_errors_raise_llm_exception(prompt, decoder):

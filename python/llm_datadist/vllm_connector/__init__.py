@@ -180,6 +180,13 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):
         return HixlHandshakeMetadata(h["address"], h["cluster_id"], h["tp_rank"], h["layout"],
                                      h["host_buffer"])
 
+    def bind_connector_metadata(self, connector_metadata):
+        """Each step, before the forward pass: the step's layer-wise writes
+        (concurrent routing) are posted here, gated layer by layer."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, HixlConnectorMetadata):
+            self._worker.bind(connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs: Any):
         meta = self._get_connector_metadata()
         assert isinstance(meta, HixlConnectorMetadata)

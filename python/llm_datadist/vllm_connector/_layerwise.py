@@ -5,12 +5,16 @@ vLLM calls the worker role's save_kv_layer(name) once a layer's KV of the
 step is in place and wait_for_save() once the forward is over. A LayerClock
 counts the steps and the layers saved in the current one; each write of a
 step is one LLM-DataDist layer-wise push (transfer_cache_async), whose gate
-(Gate) lets region i move once every layer owning it was saved in that step
--- so the write of layer i overlaps the compute of layer i + 1. A region
-shared by the layers of several KV cache groups (a hybrid model) opens once
-all of them were saved; the one region of a block-outer cache, at the end
-of the step. With the KV in a CUDA device, each save records an event on
-the current stream and the gate waits for it before the layer moves.
+lets region i move once every layer owning it was saved in that step -- so
+the write of layer i overlaps the compute of layer i + 1. A region shared by
+the layers of several KV cache groups (a hybrid model) opens once all of
+them were saved; the one region of a block-outer cache, at the end of the
+step. The gates are LLM-DataDist's LayerGates, which the task's thread waits
+for without the GIL: the thread running the forward holds it most of the
+time, and a Python gate would let each layer move only when that thread
+next let go of it. With the KV in a CUDA device, each save records an event
+on the current stream and a Python gate (Gate) waits for it before the
+layer moves.
 
 A Stream is the state of one request's concurrent writes: the decode ranks
 that asked (their asks parsed), the writes in flight per rank, and whether
@@ -29,6 +33,8 @@ class LayerClock:
         vLLM layer names that write it."""
         self._owners = [frozenset(o) for o in owners]
         self._names = frozenset(n for o in owners for n in o)
+        self._regions = {n: [i for i, o in enumerate(self._owners) if n in o]
+                         for n in self._names}
         self._cuda = cuda
         self._cv = threading.Condition()
         self._step = 0            # the step in progress (or the last one begun)
@@ -37,7 +43,9 @@ class LayerClock:
         self._events = {}         # CUDA: layer name -> its event of this step
         self._end_event = None
         self._closed = False
+        self._gates = None        # the current step's (CPU)
         self._overlapped = 0      # layers let through while their step still ran
+        self.overlapped_total = 0
 
     def _event(self):
         if not self._cuda:
@@ -48,10 +56,12 @@ class LayerClock:
         return ev
 
     def begin(self):
+        gates = None if self._cuda else ldd.LayerGates(len(self._owners))
         with self._cv:
             self._step += 1
             self._saved = set()
             self._events = {}
+            self._gates = gates
             self._cv.notify_all()
             return self._step
 
@@ -63,6 +73,10 @@ class LayerClock:
             self._saved.add(name)
             if ev is not None:
                 self._events[name] = ev
+            if self._gates is not None:
+                for i in self._regions[name]:
+                    if self._owners[i] <= self._saved:
+                        self._gates.open(i)
             self._cv.notify_all()
 
     def end(self):
@@ -70,7 +84,23 @@ class LayerClock:
         with self._cv:
             self._ended = self._step
             self._end_event = ev
+            if self._gates is not None:
+                self._gates.open_all()
+                self._count(self._gates.early)
             self._cv.notify_all()
+
+    def _count(self, n):
+        self._overlapped += n
+        self.overlapped_total += n
+
+    def gate(self, step):
+        """The gate of a write of step `step` (0: steps that ended)."""
+        if self._cuda:
+            return Gate(self, step)
+        with self._cv:
+            if step == self._step and self._ended < step and self._gates is not None:
+                return self._gates
+        return None                 # computed already: no gate
 
     @property
     def ended(self):
@@ -86,11 +116,14 @@ class LayerClock:
     def close(self):
         with self._cv:
             self._closed = True
+            if self._gates is not None:
+                self._gates.fail()
             self._cv.notify_all()
 
     def wait(self, step, layer, timeout_s):
-        """True once region `layer` of step `step` is written (step 0: steps
-        that already ended); False when the clock closed or time ran out."""
+        """(CUDA) True once region `layer` of step `step` is written (step 0:
+        steps that already ended); False when the clock closed or time ran
+        out."""
         with self._cv:
             def ready():
                 return self._closed or self._ended >= step or self._step > step or \
@@ -101,7 +134,7 @@ class LayerClock:
                 events = [self._end_event] if self._ended >= step else []
             else:
                 events = [self._events.get(n) for n in self._owners[layer]]
-                self._overlapped += 1
+                self._count(1)
         for ev in events:
             if ev is not None:
                 ev.synchronize()
@@ -109,7 +142,8 @@ class LayerClock:
 
 
 class Gate(ldd.LayerSynchronizer):
-    """The gate of one write: region i of step `step` moves once written."""
+    """(CUDA) The gate of one write: region i of step `step` moves once
+    written and its event passed."""
 
     def __init__(self, clock, step):
         self._clock, self._step = clock, step

@@ -12,7 +12,7 @@ import threading
 import llm_datadist as ldd
 
 from . import _common as c
-from ._layerwise import Gate, LayerClock, Stream
+from ._layerwise import LayerClock, Stream
 from ._plan import LayoutError, flat, plan_groups, releases_only
 from ._push import Pages, Wait, encode_ask, parse_ask
 from ._regions import describe_kv_caches, owners
@@ -65,6 +65,7 @@ class Worker:
         self._pushing = collections.Counter()   # prefill: xid -> writes in flight
         self._served = {}         # prefill: xid -> decode ranks whose ask was taken
         self._said_push = False
+        self._said_layers = self._said_overlap = False
         self._early = {}          # prefill: xid -> [(ask, time)] come before the step that
                                   # tells this worker of the request
         self._lw = {}             # prefill, concurrent routing: xid -> Stream (_layerwise)
@@ -216,30 +217,11 @@ class Worker:
     def start(self, meta):
         """Takes this step's metadata: new prefill requests to release later,
         and reads to start (returns at once; they run on the pool)."""
-        step = self._clock.begin() if self._clock is not None else 0
-        early, posts, answers = [], [], []
+        early = []
         with self._lock:
-            for xid in getattr(meta, "reqs_to_drop", ()):
-                self._drop(xid, answers)
-                early += [a for a, _ in self._early.pop(xid, ())]
-            for req_id, (xid, blocks, t0, t1, total) in getattr(meta, "reqs_to_push",
-                                                                {}).items():
-                st = self._lw.setdefault(xid, Stream())
-                st.req_id, st.blocks, st.total = req_id, blocks, total
-                st.ready = min(st.ready, t0)      # lower after a preemption
-                st.cur = (t0, t1, step)
-                for rank in st.asks:
-                    if rank not in st.answered:
-                        st.inflight[rank] = st.inflight.get(rank, 0) + 1
-                        posts.append((xid, rank, (t0, t1), step))
-                early += [a for a, _ in self._early.pop(xid, ())]
             for req_id, (xid, expires_at, blocks) in meta.reqs_to_send.items():
                 self._sending[xid] = (req_id, expires_at, blocks)
                 early += [a for a, _ in self._early.pop(xid, ())]
-        for a in answers:
-            self._submit_answer(*a)
-        for p in posts:
-            self._post(*p)
         for ask in early:
             self._take_ask(ask)
         for req_id, (spec, local, local_start, report) in meta.reqs_to_recv.items():
@@ -567,6 +549,39 @@ class Worker:
                 self._pages.free(mine, pages)
 
     # -- concurrent routing, prefill side (_layerwise)
+    def bind(self, meta):
+        """A step begins (vLLM binds its metadata before the forward pass;
+        start_load_kv may come only after it): the step's layer-wise writes
+        of concurrent requests whose decode has asked are posted, each
+        layer gated until the forward computed it."""
+        if self._clock is None:
+            return
+        push, drop = getattr(meta, "reqs_to_push", None), getattr(meta, "reqs_to_drop", None)
+        if not push and not drop and not self._lw:
+            return
+        step = self._clock.begin()
+        early, posts, answers = [], [], []
+        with self._lock:
+            for xid in drop or ():
+                self._drop(xid, answers)
+                early += [a for a, _ in self._early.pop(xid, ())]
+            for req_id, (xid, blocks, t0, t1, total) in (push or {}).items():
+                st = self._lw.setdefault(xid, Stream())
+                st.req_id, st.blocks, st.total = req_id, blocks, total
+                st.ready = min(st.ready, t0)      # lower after a preemption
+                st.cur = (t0, t1, step)
+                for rank in st.asks:
+                    if rank not in st.answered:
+                        st.inflight[rank] = st.inflight.get(rank, 0) + 1
+                        posts.append((xid, rank, (t0, t1), step))
+                early += [a for a, _ in self._early.pop(xid, ())]
+        for a in answers:
+            self._submit_answer(*a)
+        for p in posts:
+            self._post(*p)
+        for ask in early:
+            self._take_ask(ask)
+
     def layer_saved(self, name):
         """vLLM's save_kv_layer: the layer's KV of this step is in place (a
         host copy is written at the step's end only)."""
@@ -689,7 +704,7 @@ class Worker:
                 (self._rows, ask["rows_cache"])
             cfg = ldd.TransferWithCacheKeyConfig(ldd.CacheKeyByIdAndIndex(cluster, dst_id, 0))
             task = self._dd.cache_manager.transfer_cache_async(
-                cache, Gate(self._clock, step), [cfg], src, dst, tensor_num_per_layer=1)
+                cache, self._clock.gate(step), [cfg], src, dst, tensor_num_per_layer=1)
         except Exception as e:  # noqa: BLE001
             self._task_ended(xid, rank, "tokens %d..%d: %s" % (window[0], window[1], e))
             return
@@ -740,9 +755,11 @@ class Worker:
             st = self._lw.get(xid)
             cluster, address, ask = st.asks[rank][:3] if st is not None else (None, None, None)
             why = st.failed.get(rank) if st is not None else None
-            first = False
+            first = overlap = False
             if ok:
-                first, self._said_push = not self._said_push, True
+                first, self._said_layers = not self._said_layers, True
+                if self._clock.overlapped_total and not self._said_overlap:
+                    overlap = self._said_overlap = True
                 self._stats["pushes"] += 1
                 self._stats["pushed_blocks"] += len(flat(ask["local"]))
             else:
@@ -755,10 +772,14 @@ class Worker:
                     xid, st.req_id, rank, address, why or "the request was aborted here")
                 _log.warning("HixlConnector: %s", msg)
                 self.recent_errors.append(msg)
-            elif first:
-                _log.info("HixlConnector rank %d: wrote request %s into decode rank %d layer by "
-                          "layer as it was computed (concurrent routing; once per worker)",
-                          self._tp_rank, st.req_id, rank)
+            if first:
+                _log.info("HixlConnector rank %d: wrote request %s into decode rank %d as it "
+                          "was computed (concurrent routing; once per worker)", self._tp_rank,
+                          st.req_id, rank)
+            if overlap:
+                _log.info("HixlConnector rank %d: request %s: %d layers moved while their step "
+                          "was still computing the next (layer by layer; once per worker)",
+                          self._tp_rank, st.req_id, self._clock.overlapped_total)
             self._dd.cache_manager.push_blocks(
                 ldd.BlocksCacheKey(cluster, c.MAILBOX_MODEL_ID), self._mailbox, [1], [1],
                 tensor_num_per_layer=1, user_tag=c.answer_tag(ok, xid, self._tp_rank))

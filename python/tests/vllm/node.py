@@ -4,12 +4,13 @@ one per tensor-parallel rank -- over CPU KV tensors laid out as vLLM's CPU
 attention backend lays them out (one tensor per layer: blocks, KV heads,
 block size, 2 x head size; or tokens before heads, or an MLA latent). The
 model runner is played by this file: each step it calls each worker role as
-vLLM's KVConnectorModelRunnerMixin does (bind, start_load_kv, wait_for_save,
-get_transfer_results, get_block_ids_with_load_errors, clear), writes each
-computed token's K and V into the request's blocks (a value derived from the
-token, its position, the layer and the KV head), samples a fixed token, and
-hands vLLM's scheduler the ranks' ModelRunnerOutputs merged by vLLM's own
-KVOutputAggregator.
+vLLM's KVConnectorModelRunnerMixin does (bind; start_load_kv before the
+forward only when a load feeds it, else after it; save_kv_layer after each
+layer; wait_for_save, get_transfer_results, get_block_ids_with_load_errors,
+clear), writes each computed token's K and V into the request's blocks (a
+value derived from the token, its position, the layer and the KV head),
+layer by layer, samples a fixed token, and hands vLLM's scheduler the ranks'
+ModelRunnerOutputs merged by vLLM's own KVOutputAggregator.
 
 The tests start processes (multiprocessing, spawn) running serve(); each
 holds several Nodes by name and answers calls through a pipe. Tensor
@@ -232,10 +233,11 @@ class Node:
         out = self.sched.schedule()
         for w in self.workers:
             w.bind_connector_metadata(out.kv_connector_metadata)
-            t0 = time.monotonic()
-            w.start_load_kv(None)
-            self.stats["start_load_kv_max_s"] = max(self.stats.get("start_load_kv_max_s", 0.0),
-                                                    time.monotonic() - t0)
+        # vLLM starts the loads before the forward only when one feeds it;
+        # else after it, just before wait_for_save.
+        sync_loads = getattr(out, "has_sync_kv_loads", True)
+        if sync_loads:
+            self._start_load_kv()
         req_ids, sampled, work = [], [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.sched.requests[rid]
@@ -261,6 +263,8 @@ class Node:
                 w.save_kv_layer(name, kv[name], None)
             if work and self.layer_delay:
                 time.sleep(self.layer_delay)
+        if not sync_loads:
+            self._start_load_kv()
         outputs = []
         for w in self.workers:
             w.wait_for_save()
@@ -284,6 +288,13 @@ class Node:
                 if o.finished:
                     self.finished[o.request_id] = o.kv_transfer_params
         return len(req_ids)
+
+    def _start_load_kv(self):
+        for w in self.workers:
+            t0 = time.monotonic()
+            w.start_load_kv(None)
+            self.stats["start_load_kv_max_s"] = max(self.stats.get("start_load_kv_max_s", 0.0),
+                                                    time.monotonic() - t0)
 
     def run(self, until=(), idle=False, timeout=30.0):
         """Steps until every request in until finished (and, with idle, the
