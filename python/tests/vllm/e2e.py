@@ -11,7 +11,7 @@ A control shows the comparison has teeth: a decode handed the blocks of
 another prompt (wrong KV, read all the same) must answer differently.
 
     python e2e.py [--transport tcp|shm] [--mode pull|push] [--hybrid] [--host-buffer]
-                  [--concurrent] [--requests N]
+                  [--concurrent] [--big] [--requests N]
                                                            (scripts/vllm-e2e.sh)
 
 Prints one JSON line with the figures; exits 1 on any difference."""
@@ -188,17 +188,22 @@ def main():
     ap.add_argument("--concurrent", action="store_true",
                     help="the proxy sends each request after the first to both at once and "
                          "the prefill writes each layer as it computes it")
+    ap.add_argument("--big", action="store_true",
+                    help="a 4-layer model of width 512, prompts prefilled in steps of 64 "
+                         "tokens, the last prompt 900 tokens, each asked through the proxy "
+                         "before the prefill alone (set by --concurrent)")
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--ready-timeout", type=int, default=600)
     a = ap.parse_args()
+    a.big = a.big or a.concurrent
     spec = importlib.util.spec_from_file_location(
         "pd_proxy", os.path.join(ROOT, "examples", "vllm", "pd_proxy.py"))
     pd_proxy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pd_proxy)
 
     work = tempfile.mkdtemp(prefix="hixl-vllm-e2e-")
-    model = write_model(os.path.join(work, "model"), a.hybrid, a.concurrent)
+    model = write_model(os.path.join(work, "model"), a.hybrid, a.big)
     ports = {"prefill": free_port(), "decode": free_port()}
     procs, logs = {}, {}
     t0 = time.monotonic()
@@ -208,10 +213,10 @@ def main():
     try:
         for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
             logs[name] = open(os.path.join(work, name + ".log"), "w")
-            # Concurrent: prompts prefilled in steps of 64 tokens, so that
-            # the decode's ask finds steps still to come.
+            # Big: prompts prefilled in steps of 64 tokens, so that a
+            # concurrent decode's ask finds steps still to come.
             procs[name] = (start(model, ports[name], role, a.transport, a.mode, a.host_buffer,
-                                   logs[name], 64 if a.concurrent else None), ports[name])
+                                   logs[name], 64 if a.big else None), ports[name])
         wait_healthy(procs, a.ready_timeout)
         ready_s = time.monotonic() - t0
         prefill_url = "http://127.0.0.1:%d" % ports["prefill"]
@@ -222,15 +227,15 @@ def main():
         proxy_url = "http://127.0.0.1:%d" % proxy.server_port
         for i in range(a.requests):
             n = (40, 97, 7, 160, 33, 64)[i % 6] + i
-            if a.concurrent and i == a.requests - 1:
+            if a.big and i == a.requests - 1:
                 n = 900     # 15 steps of 64 tokens: the decode asks while they run
             prompt = " ".join("w%d" % ((i * 37 + k * 11) % (VOCAB - 8) + 4) for k in range(n))
-            if not a.concurrent:
+            if not a.big:
                 ref = complete(prefill_url, prompt, a.max_tokens)
             t = time.monotonic()
             out = complete(proxy_url, prompt, a.max_tokens)
             ms = (time.monotonic() - t) * 1000
-            if a.concurrent:    # after: the prefill computes the prompt while the decode waits
+            if a.big:    # after: the prefill computes the prompt through the proxy
                 ref = complete(prefill_url, prompt, a.max_tokens)
             usage = out.get("usage") or {}
             cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
@@ -242,7 +247,7 @@ def main():
             if not row["same"]:
                 failures.append("prompt %d: decode answered %r, the prefill alone %r"
                                 % (i, out["choices"][0]["text"], ref["choices"][0]["text"]))
-            if cached < (usage.get("prompt_tokens") or 0) - BLOCK and not a.concurrent:
+            if cached < (usage.get("prompt_tokens") or 0) - BLOCK and not a.big:
                 failures.append("prompt %d: the decode found %d of %d prompt tokens"
                                 % (i, cached, usage.get("prompt_tokens")))
         # The control: two prompts of four blocks with the same last word.
@@ -280,7 +285,7 @@ def main():
     if not failures:
         shutil.rmtree(work, ignore_errors=True)   # on failure the logs stay, named below
     print(json.dumps({"transport": a.transport, "mode": a.mode, "hybrid": a.hybrid,
-                      "host_buffer": a.host_buffer, "concurrent": a.concurrent,
+                      "host_buffer": a.host_buffer, "concurrent": a.concurrent, "big": a.big,
                       "layers_overlapped": overlap,
                       "ready_s": ready_s,
                       "kv_groups": groups, "requests": rows, "control_differs": control_differs, "failures": failures,
