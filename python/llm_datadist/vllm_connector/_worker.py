@@ -129,9 +129,6 @@ class Worker:
             # Host staging: peers move a host copy; the blocks are copied
             # from the device after each step that wrote them (prefill) and to
             # it before a read is reported done (decode).
-            if self._groups > 1:
-                raise LayoutError("HixlConnector: host staging with %d KV cache groups is not "
-                                  "supported" % self._groups)
             import torch
             pin = torch.cuda.is_available() and regions[0][1].is_cuda
             self._dev = {str(i): v for i, (_, v) in enumerate(regions)}

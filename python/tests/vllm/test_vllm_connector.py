@@ -617,7 +617,7 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
     try:
         cases = {"a": prompt(50, 70), "b": prompt(51, 9), "c": prompt(52, 32)}
         params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
-        s = decode_all(d, cases, params)
+        decode_all(d, cases, params)
         # Every prefill rank heard from every decode rank that read it (or
         # wrote into every decode rank that asked).
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
@@ -629,16 +629,19 @@ def test_differing_instances_move_every_head_and_token(procs, model_dir, name):
         d.drop()
 
 
-@pytest.mark.parametrize("mode", ["pull", "push"])
+@pytest.mark.parametrize("mode", ["pull", "push", "push-staged"])
 def test_hybrid_models_move_every_group(procs, model_dir, mode):
     """vLLM's hybrid allocator: full-attention and sliding-window layers in
     two KV cache groups overlaying one memory. Each group's blocks move (the
     window's dropped ones are null on the prefill and skipped), checked
-    token by token on every layer within the window it keeps."""
+    token by token on every layer within the window it keeps; also through
+    host copies on both sides (host staging)."""
     extra = {"transport": "shm", "lease_ms": LEASE_MS}
-    p = procs[0].new("p-hybrid-" + mode, model_dir, "kv_producer", extra, hybrid=True)
-    d = procs[1].new("d-hybrid-" + mode, model_dir, "kv_consumer", dict(extra, mode=mode),
-                     hybrid=True)
+    staged = mode.endswith("-staged")
+    p = procs[0].new("p-hybrid-" + mode, model_dir, "kv_producer", extra, hybrid=True,
+                     staging=staged)
+    d = procs[1].new("d-hybrid-" + mode, model_dir, "kv_consumer",
+                     dict(extra, mode=mode.split("-")[0]), hybrid=True, staging=staged)
     try:
         cases = {"a": prompt(60, 100), "b": prompt(61, 9), "c": prompt(62, 48)}
         params = {rid: prefill(p, rid, toks) for rid, toks in cases.items()}
@@ -648,11 +651,15 @@ def test_hybrid_models_move_every_group(procs, model_dir, mode):
         assert len(ids) == 2 and len(ids[0]) == 7 and 0 in ids[1] and ids[1][-1] != 0, ids
         before = d.state()["stats"].get("read_blocks", 0)
         s = decode_all(d, cases, params)
-        assert s["stats"]["read_blocks"] - before == sum(
+        read = s["stats"]["read_blocks"] - before
+        assert read == sum(
             len([b for g in v["remote_block_ids"] for b in g if b]) for v in params.values())
         p.run(idle=True, timeout=LEASE_MS / 1000.0 - 1)
         ps = assert_idle(p)
         assert ps["errors"] == [], ps["errors"]
+        if staged:      # every block of both groups went through the host copies
+            assert s["stats"].get("h2d_blocks", 0) == read, s["stats"]
+            assert ps["stats"].get("d2h_blocks", 0) >= read, ps["stats"]
     finally:
         p.drop()
         d.drop()
