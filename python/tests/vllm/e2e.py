@@ -63,7 +63,8 @@ def write_model(path, hybrid=False, big=False):
            "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
     if hybrid:
-        cfg.update(layer_types=["full_attention", "sliding_attention"], sliding_window=32)
+        cfg.update(layer_types=["full_attention", "sliding_attention"] * (layers // 2),
+                   sliding_window=32)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     g = torch.Generator().manual_seed(0)
