@@ -512,19 +512,9 @@ class Worker:
                           "%d (push mode; once per worker)", self._tp_rank, len(flat(ask["local"])),
                           req_id, rank)
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
-            msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (
-                xid, rank, address, e)
-            _log.warning("HixlConnector: %s", msg)
-            self.recent_errors.append(msg)
-            with self._lock:
-                self._stats["push_failures"] += 1
-            self._refuse(xid, rank, cluster, address)
+            self._write_failed(xid, rank, cluster, address, e)
         finally:
-            with self._lock:
-                self._pushing[xid] -= 1
-                if self._pushing[xid] <= 0:
-                    del self._pushing[xid]
-            self._heard(xid, rank, expected)
+            self._served_one(xid, rank, expected)
 
     def _read_ask(self, xid, rank, page, pages, cluster, address):
         """Links to the asking decode worker and reads its ask into pages of
@@ -666,17 +656,8 @@ class Worker:
             for a in answers:
                 self._submit_answer(*a)
         except Exception as e:  # noqa: BLE001 -- no failure may reach vLLM's engine
-            msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (
-                xid, rank, address, e)
-            _log.warning("HixlConnector: %s", msg)
-            self.recent_errors.append(msg)
-            with self._lock:
-                self._stats["push_failures"] += 1
-                self._pushing[xid] -= 1
-                if self._pushing[xid] <= 0:
-                    del self._pushing[xid]
-            self._refuse(xid, rank, cluster, address)
-            self._heard(xid, rank, expected)
+            self._write_failed(xid, rank, cluster, address, e)
+            self._served_one(xid, rank, expected)
 
     def _post(self, xid, rank, window, step):
         """One layer-wise write of a concurrent request: tokens window[0] ..
@@ -784,11 +765,27 @@ class Worker:
             _log.info("HixlConnector: answering decode rank %d for transfer %d failed (%s)",
                       rank, xid, e)
         finally:
-            with self._lock:
-                self._pushing[xid] -= 1
-                if self._pushing[xid] <= 0:
-                    del self._pushing[xid]
-            self._heard(xid, rank, expected)
+            self._served_one(xid, rank, expected)
+
+    def _write_failed(self, xid, rank, cluster, address, e):
+        """A write into a decode rank could not be made: logged, counted, and
+        the decode told (hvx1)."""
+        msg = "transfer %d: writing into decode rank %d at %s failed: %s" % (
+            xid, rank, address, e)
+        _log.warning("HixlConnector: %s", msg)
+        self.recent_errors.append(msg)
+        with self._lock:
+            self._stats["push_failures"] += 1
+        self._refuse(xid, rank, cluster, address)
+
+    def _served_one(self, xid, rank, expected):
+        """Decode rank `rank`'s ask of transfer xid is over (written or
+        refused): one write fewer in flight, and the decode rank heard from."""
+        with self._lock:
+            self._pushing[xid] -= 1
+            if self._pushing[xid] <= 0:
+                del self._pushing[xid]
+        self._heard(xid, rank, expected)
 
     def _refuse(self, xid, rank, cluster, address):
         """Answers a decode rank that this worker will not write (best effort)."""
