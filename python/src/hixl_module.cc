@@ -88,8 +88,29 @@ void* StreamArg(py::handle s) {
   return p;
 }
 
+// Descriptors: a sequence of TransferOpDesc or (local, remote, len) triples,
+// or -- without a Python object per descriptor -- a C-contiguous N x 3 array of
+// 64-bit unsigned integers (e.g. numpy uint64), one row per descriptor.
 std::vector<hixl::TransferOpDesc> Descs(py::handle seq) {
   std::vector<hixl::TransferOpDesc> out;
+  if (PyObject_CheckBuffer(seq.ptr()) && !PyBytes_Check(seq.ptr())) {
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(seq).request();
+    std::string f = b.format;
+    if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f.erase(0, 1);
+    const bool u64 = b.itemsize == 8 && (f == "Q" || f == "L" || f == "K");
+    if (b.ndim != 2 || b.shape[1] != 3 || !u64 || b.strides[1] != 8 || b.strides[0] != 24)
+      Raise(HIXL_PARAM_INVALID,
+            "PARAM_INVALID: a descriptor array must be C-contiguous N x 3 uint64 "
+            "(local, remote, len)");
+    out.resize(static_cast<size_t>(b.shape[0]));
+    const auto* row = static_cast<const uint64_t*>(b.ptr);
+    for (auto& d : out) {
+      d = {static_cast<uintptr_t>(row[0]), static_cast<uintptr_t>(row[1]),
+           static_cast<size_t>(row[2])};
+      row += 3;
+    }
+    return out;
+  }
   for (py::handle item : seq) {
     if (py::isinstance<hixl::TransferOpDesc>(item)) {
       out.push_back(item.cast<hixl::TransferOpDesc>());

@@ -743,3 +743,32 @@ def test_register_mem_share_by_mapping(kind):
         initiator.finalize()
         target.finalize()
     assert not _maps_contain("memfd:hixl-user")
+
+
+def test_descriptor_array(peer_factory):
+    """An N x 3 uint64 array stands for N (local, remote, len) descriptors;
+    any other array is refused before a byte moves."""
+    size = 1 << 20
+    peer = peer_factory("engine", size)
+    engine, addr, _ = peer.line().split()
+    addr = int(addr)
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1")
+    h.connect(engine, timeout_ms=5000)
+    src = pattern(size, 21)
+    base = int(src.ctypes.data)
+    # Every other 4 KiB page, in reverse order.
+    rows = [(base + i * 4096, addr + (255 - i) * 4096, 4096) for i in range(0, 256, 2)]
+    h.transfer_sync(engine, hixl.TransferOp.WRITE, np.array(rows, dtype=np.uint64))
+    back = np.zeros(size, dtype=np.uint8)
+    h.transfer_sync(engine, hixl.TransferOp.READ,
+                    np.array([(int(back.ctypes.data), addr, size)], dtype=np.uint64))
+    for i in range(256):
+        got = back[(255 - i) * 4096:(256 - i) * 4096]
+        if i % 2 == 0:
+            assert np.array_equal(got, src[i * 4096:(i + 1) * 4096]), i
+    for bad in (np.zeros((2, 2), dtype=np.uint64), np.zeros((2, 3), dtype=np.int32),
+                np.zeros((3, 3), dtype=np.uint64)[:, ::1][::2], np.zeros(3, dtype=np.uint64)):
+        with pytest.raises(hixl.HixlError, match="PARAM_INVALID"):
+            h.transfer_sync(engine, hixl.TransferOp.WRITE, bad)
+    h.finalize()
