@@ -60,10 +60,13 @@ setup(
     name="hixl",
     version=project_version(),
     description="One-sided KV-cache transfers (hixl) and the LLM-DataDist KV-cache layer",
-    packages=["hixl", "llm_datadist", "llm_datadist.vllm_connector"],
+    packages=["hixl", "hixl.sglang", "llm_datadist", "llm_datadist.vllm_connector"],
     package_dir={"": "."},
     ext_modules=[Extension("hixl._hixl", sources=[]), Extension("llm_datadist._llm_datadist", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
+    # SGLang's transfer backend plugin (hixl.sglang); the build tree and the
+    # CMake-installed tree carry the same file in their dist-info.
+    entry_points=(HERE / "entry_points.txt").read_text(),
     python_requires=">=3.9",
     zip_safe=False,
 )

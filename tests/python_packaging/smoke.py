@@ -40,5 +40,13 @@ decode.cache_manager.pull_blocks(ldd.BlocksCacheKey(1, 0), mine, [3, 1], [0, 1])
 assert (dk[0] == k[3]).all() and (dv[1] == v[1]).all(), "pull_blocks moved the wrong bytes"
 decode.finalize()
 prompt.finalize()
+
+# SGLang finds its transfer backend through the package's entry point (in the
+# dist-info pip or `cmake --install` wrote); its modules import without SGLang.
+from importlib.metadata import entry_points  # noqa: E402
+eps = [e.value for e in entry_points(group="sglang.srt.plugins") if e.name == "hixl"]
+assert eps == ["hixl.sglang:register"], "SGLang plugin entry point: %r" % eps
+import hixl.sglang._descs  # noqa: E402,F401
+import hixl.sglang._wire  # noqa: E402,F401
 print("installed packages work")
 sys.exit(0)
