@@ -10,6 +10,9 @@
 #             stage), then a prefill and a decode vLLM serving a model end to end
 #             (python/tests/vllm/e2e.py: push mode, concurrent routing)
 #   tsan      ThreadSanitizer build; every test
+#   sglang    the SGLang transfer backend (hixl.sglang) against SGLang from PyPI
+#             (scripts/sglang-env.sh makes build/sglang-venv in the background
+#             after the vLLM ones): prefill and decode ranks in real processes
 #   fuzz      each libFuzzer target for HIXL_FUZZ_SECONDS (30) under ASan+UBSan
 #   package   the installed tree as a user meets it (tests/install/check_installed.sh):
 #             cmake --install into a prefix, then moved; then the .deb packages
@@ -25,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
 
-all_stages=(setup release pip asan vllm tsan fuzz package)
+all_stages=(setup release pip asan vllm tsan sglang fuzz package)
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
 for s in "${stages[@]}"; do
@@ -56,30 +59,42 @@ summary() {
   done
   printf '%-10s %8d\n' total $(($(date +%s) - t_all))
 }
-# The vLLM environments are mostly downloads and unpacking: they are made in
-# the background at the lowest CPU and I/O priority while the builds run (at
-# normal priority they took 330 s from the release stage), and the vllm stage,
-# after the ASan one, waits for them.
-# build/vllm-env.rc appears when the first environment is done.
-vllm_env_pid=""
-start_vllm_env() {
-  if want vllm && [ -z "$vllm_env_pid" ]; then
+# The vLLM and SGLang environments are mostly downloads and unpacking: they
+# are made one after another in the background, at the lowest CPU and I/O
+# priority, while the builds run (at normal priority they took 330 s from the
+# release stage); the vllm and sglang stages wait for theirs.
+# build/<name>.rc appears when scripts/<name>.sh is done (its exit status).
+envs_pid=""
+start_envs() {
+  local list=()
+  want vllm && list+=(vllm-env vllm-cpu-env)
+  want sglang && list+=(sglang-env)
+  if [ ${#list[@]} -gt 0 ] && [ -z "$envs_pid" ]; then
     mkdir -p build
-    rm -f build/vllm-env.rc
+    for e in "${list[@]}"; do rm -f "build/$e.rc"; done
     low=(nice -n 19)
     ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
     (
-      rc=0
-      "${low[@]}" bash scripts/vllm-env.sh > build/vllm-env.log 2>&1 || rc=$?
-      echo "$rc" > build/vllm-env.rc
-      [ "$rc" -eq 0 ] && "${low[@]}" bash scripts/vllm-cpu-env.sh > build/vllm-cpu-env.log 2>&1
+      for e in "${list[@]}"; do
+        rc=0
+        "${low[@]}" bash "scripts/$e.sh" > "build/$e.log" 2>&1 || rc=$?
+        echo "$rc" > "build/$e.rc"
+      done
     ) &
-    vllm_env_pid=$!
+    envs_pid=$!
   fi
+}
+# Waits for build/$1.rc; fails the stage unless scripts/$1.sh succeeded.
+wait_env() {
+  while [ ! -f "build/$1.rc" ] && kill -0 "$envs_pid" 2>/dev/null; do sleep 2; done
+  if [ "$(cat "build/$1.rc" 2>/dev/null)" != 0 ]; then
+    cat "build/$1.log"; echo "scripts/$1.sh failed"; exit 1
+  fi
+  tail -1 "build/$1.log"
 }
 on_exit() {
   local rc=$?
-  [ -n "$vllm_env_pid" ] && kill "$vllm_env_pid" 2>/dev/null
+  [ -n "$envs_pid" ] && kill "$envs_pid" 2>/dev/null
   (exit $rc)
   summary
 }
@@ -113,8 +128,8 @@ if want setup; then
   end
 fi
 
-if want release || want package || want vllm; then
-  start_vllm_env
+if want release || want package || want vllm || want sglang; then
+  start_envs
   begin release "release build with the Python modules, every test"
   HIXL_CMAKE_ARGS="-DHIXL_BUILD_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3 ${HIXL_CMAKE_ARGS:-}" \
     bash scripts/build.sh release
@@ -137,20 +152,12 @@ fi
 
 if want vllm; then
   begin vllm "the vLLM connector against vLLM from PyPI, two engines in real processes"
-  start_vllm_env
-  while [ ! -f build/vllm-env.rc ] && kill -0 "$vllm_env_pid" 2>/dev/null; do sleep 2; done
-  if [ "$(cat build/vllm-env.rc 2>/dev/null)" != 0 ]; then
-    cat build/vllm-env.log; echo "vllm: scripts/vllm-env.sh failed"; exit 1
-  fi
-  tail -1 build/vllm-env.log
+  start_envs
+  wait_env vllm-env
   (cd python/tests && PYTHONPATH="$root/build/python" VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
     timeout 900 "$root/build/vllm-venv/bin/python" -m pytest -q -p no:cacheprovider \
     --durations=5 vllm/test_vllm_connector.py)
-  if ! wait "$vllm_env_pid"; then
-    cat build/vllm-cpu-env.log; echo "vllm: scripts/vllm-cpu-env.sh failed"; exit 1
-  fi
-  vllm_env_pid=""
-  tail -1 build/vllm-cpu-env.log
+  wait_env vllm-cpu-env
   # End to end over tcp, the prefill writing: the first request after the
   # prefill ended (push), the others sent to both at once and written layer by
   # layer as vLLM's model runner computes them (concurrent): the paths where
@@ -166,6 +173,16 @@ if want tsan; then
   begin tsan "ThreadSanitizer build, every test"
   bash scripts/build.sh tsan
   (hixl_test_env "$root" tsan && run_ctest build-tsan)
+  end
+fi
+
+if want sglang; then
+  begin sglang "the SGLang transfer backend against SGLang from PyPI, ranks in real processes"
+  start_envs
+  wait_env sglang-env
+  (cd python/tests && PYTHONPATH="$root/build/python" timeout 1200 \
+    "$root/build/sglang-venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore \
+    --durations=5 sglang/test_sglang_backend.py)
   end
 fi
 
