@@ -76,7 +76,9 @@ class HixlKVManager(CommonKVManager):
     shared memory on one host), SGLANG_HIXL_TRANSFER_TIMEOUT_MS (a write's
     deadline, default 30000), SGLANG_HIXL_WORKERS (prefill transfer threads,
     default 2), SGLANG_HIXL_AUTH_SECRET_FILE (hixl's shared-secret
-    authentication, the same file on every rank)."""
+    authentication, the same file on every rank), SGLANG_HIXL_METADATA_SERVER
+    (etcd://host:port,...: engines published and reached by name; with
+    SGLANG_HIXL_METADATA_PREFIX)."""
 
     kv_status_msg_tag = b"KV_STATUS"
     kv_status_msg_carries_reason = True
@@ -97,9 +99,20 @@ class HixlKVManager(CommonKVManager):
         secret = os.environ.get("SGLANG_HIXL_AUTH_SECRET_FILE")
         if secret:
             opts[hixl.options.AUTH_SECRET_FILE] = secret
+        etcd = os.environ.get("SGLANG_HIXL_METADATA_SERVER")
+        name = None
+        if etcd:
+            # Published in etcd under a name (unique per host and process: the
+            # ZMQ port); peers reach it by that name, generation checked.
+            name = "sglang-%s-%s-%d" % (disaggregation_mode.value, self.local_ip, self.rank_port)
+            opts[hixl.options.METADATA_SERVER] = etcd
+            opts[hixl.options.ENGINE_NAME] = name
+            prefix = os.environ.get("SGLANG_HIXL_METADATA_PREFIX")
+            if prefix:
+                opts[hixl.options.METADATA_PREFIX] = prefix
         self.engine = hixl.Hixl()
         self.engine.initialize("%s:0" % self.local_ip, opts)
-        self.engine_address = self.engine.local_engine()
+        self.engine_address = name or self.engine.local_engine()
         self._handles = []
         self._kv_pages = min((n // i for n, i in zip(args.kv_data_lens, args.kv_item_lens)),
                              default=0)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_sglang_backend import LOGS, Node, free_port, pages  # noqa: E402,F401
+from test_sglang_backend import Node, free_port, pages  # noqa: E402
 
 
 def memcpy_floor(nbufs, page_bytes, npages, repeat):

@@ -19,6 +19,8 @@ pytest.importorskip("sglang", reason="SGLang's environment: scripts/sglang-env.s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = os.path.join(HERE, "node.py")
+sys.path.insert(0, os.path.dirname(HERE))
+from conftest import etcd  # noqa: E402,F401 -- the fixture (a real etcd on loopback)
 
 
 def free_port():
@@ -305,6 +307,23 @@ def test_pages_outside_the_decode_buffers_are_refused(pair):
     assert d("wait", 11, "Failed", 20)["state"] == "Failed"
     assert "outside" in d("failure", 11)["message"]
     assert d("untouched")["untouched"] is True
+
+
+def test_engines_by_name_through_etcd(cluster, etcd):
+    """With a metadata server, each rank's engine is published in etcd under a
+    name and the prefill reaches the decode by that name."""
+    import hixl
+    pre, dec = cluster(env={"SGLANG_HIXL_METADATA_SERVER": etcd})
+    assert dec[0].engine.startswith("sglang-decode-127.0.0.1-")
+    assert pre[0].engine.startswith("sglang-prefill-127.0.0.1-")
+    transfer(pre, dec, 18, [5, 6, 7], [1, 2, 3])
+    h = hixl.Hixl()
+    h.initialize("127.0.0.1", {hixl.options.METADATA_SERVER: etcd})
+    try:
+        names = {e[0] for e in h.list_engines()}
+    finally:
+        h.finalize()
+    assert {pre[0].engine, dec[0].engine} <= names
 
 
 def test_shared_memory(cluster):
