@@ -94,7 +94,8 @@ wait_env() {
 }
 on_exit() {
   local rc=$?
-  [ -n "$envs_pid" ] && kill "$envs_pid" 2>/dev/null
+  # (the job may have ended: a failed kill must not end this trap early)
+  if [ -n "$envs_pid" ]; then kill "$envs_pid" 2>/dev/null || true; fi
   (exit $rc)
   summary
 }
