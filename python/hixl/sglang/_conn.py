@@ -29,6 +29,7 @@ import threading
 import time
 
 import hixl
+import numpy as np
 from sglang.srt.disaggregation.base.conn import KVArgs, KVPoll
 from sglang.srt.disaggregation.common.conn import (ABORT_TAG, AbortNotification,
                                                    CommonKVBootstrapServer, CommonKVManager,
@@ -320,21 +321,21 @@ class HixlKVManager(CommonKVManager):
                     raise RuntimeError("decode rank %s gave request %d no metadata row"
                                        % (info.engine, room))
                 aux = self._aux_descs(peer, chunk.aux_index, info.aux_index)
-                descs = _descs.np.concatenate((descs, aux)) if len(descs) else aux
+                descs = np.concatenate((descs, aux)) if len(descs) else aux
                 notify = (_wire.NOTIFY_NAME, _wire.encode_done(room, self._prefill_unique_rank()))
             if len(descs) or notify:
-                self._write(room, peer.engine, _descs.np.ascontiguousarray(descs), notify)
+                self._write(room, peer.engine, np.ascontiguousarray(descs), notify)
         if chunk.is_last and self.check_status(room) != KVPoll.Failed:
             self.update_status(room, KVPoll.Success)
 
     def _kv_descs(self, peer, src_pages, dst_pages):
         a = self.kv_args
         if len(src_pages) == 0 or not a.kv_data_ptrs:
-            return _descs._EMPTY
+            return _descs.EMPTY
         if len(dst_pages) < len(src_pages):
             raise RuntimeError("the decode gave %d pages for a chunk of %d"
                                % (len(dst_pages), len(src_pages)))
-        dst_pages = _descs.np.asarray(dst_pages[:len(src_pages)])
+        dst_pages = np.asarray(dst_pages[:len(src_pages)])
         _descs.check_pages(src_pages, self._kv_pages, "prefill")
         dst_cap = getattr(peer, "_kv_pages", None)
         if dst_cap is None:
@@ -359,12 +360,12 @@ class HixlKVManager(CommonKVManager):
         if self.is_mla_backend or self.is_hybrid_mla_backend:
             src, dst, _ = self.get_mla_kv_ptrs_with_pp(a.kv_data_ptrs, peer.kv_ptrs)
             ls, ld, _ = self.get_mla_kv_ptrs_with_pp(a.kv_item_lens, peer.kv_item_lens)
-            pairs = _descs.np.array(self._pairs(src, dst, ls, ld), dtype=_descs.np.uint64)
+            pairs = np.array(self._pairs(src, dst, ls, ld), dtype=np.uint64)
         elif peer.tp_size == self.attn_tp_size:
             sk, sv, dk, dv, _ = self.get_mha_kv_ptrs_with_pp(a.kv_data_ptrs, peer.kv_ptrs)
             lk, lv, dlk, dlv, _ = self.get_mha_kv_ptrs_with_pp(a.kv_item_lens, peer.kv_item_lens)
-            pairs = _descs.np.array(self._pairs(sk + sv, dk + dv, lk + lv, dlk + dlv),
-                                    dtype=_descs.np.uint64)
+            pairs = np.array(self._pairs(sk + sv, dk + dv, lk + lv, dlk + dlv),
+                                    dtype=np.uint64)
         else:
             pairs = None
         peer._pairs = (pairs,)

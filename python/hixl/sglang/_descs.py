@@ -8,7 +8,7 @@ buffer whatever its length.
 """
 import numpy as np
 
-_EMPTY = np.zeros((0, 3), dtype=np.uint64)
+EMPTY = np.zeros((0, 3), dtype=np.uint64)
 
 
 def page_runs(src, dst):
@@ -44,7 +44,7 @@ def buffer_descs(pairs, src_pages, dst_pages):
     s0, d0, n = page_runs(src_pages, dst_pages)
     p = np.asarray(pairs, dtype=np.uint64).reshape(-1, 3)
     if n.size == 0 or p.shape[0] == 0:
-        return _EMPTY
+        return EMPTY
     item = p[:, 2:3]
     r = np.empty((p.shape[0], n.size, 3), dtype=np.uint64)
     r[:, :, 0] = p[:, 0:1] + s0.astype(np.uint64)[None, :] * item
@@ -71,7 +71,7 @@ def merge_blocks(blocks):
         r[:, 1] = dst[starts]
         r[:, 2] = (ends - starts).astype(np.uint64) * step
         rows.append(r)
-    return np.ascontiguousarray(np.concatenate(rows)) if rows else _EMPTY
+    return np.ascontiguousarray(np.concatenate(rows)) if rows else EMPTY
 
 
 def aux_descs(src_ptrs, src_item_lens, src_index, dst_ptrs, dst_item_lens, dst_index):
