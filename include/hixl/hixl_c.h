@@ -294,6 +294,21 @@ HIXL_C_EXPORT HixlStatus hixlTransferBatchEx(HixlEngine engine, HixlTransferOp o
                                              const HixlTransferDesc* descs, size_t count,
                                              const HixlTransferOptions* options, int async,
                                              HixlRequest* request);
+/* hixlTransferBatchEx ordered after a CUDA stream of this process (a
+ * CUstream; CU_STREAM_LEGACY for the legacy default stream): the work queued
+ * on it so far, e.g. the kernel that wrote the blocks, finishes before the
+ * transfer touches its local memory. hixl records an event on the stream when
+ * the transfer is posted; device memory is copied after that event without
+ * blocking the calling thread, and when some local memory is host memory the
+ * calling thread waits for the event first. stream NULL is exactly
+ * hixlTransferBatchEx (the local data must then be complete when posted).
+ * A handle the driver does not know, or a build or host without CUDA:
+ * HIXL_PARAM_INVALID / HIXL_UNSUPPORTED and nothing moves. docs/GPU.md. */
+HIXL_C_EXPORT HixlStatus hixlTransferBatchOnStream(HixlEngine engine, HixlTransferOp op,
+                                                   const HixlTransferDesc* descs, size_t count,
+                                                   const HixlTransferOptions* options,
+                                                   void* stream, int async,
+                                                   HixlRequest* request);
 
 /* HIXL_SUCCESS when done, HIXL_IN_PROGRESS while running, else the failure
  * (HIXL_TIMEOUT, HIXL_NOT_CONNECTED, HIXL_CANCELLED, ...). An ended request

@@ -233,7 +233,7 @@ HixlStatus MakeNotify(const char* name, const void* msg, size_t msg_len, hixl::N
 }
 
 HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
-                    size_t count, const HixlTransferOptions* options, bool async,
+                    size_t count, const HixlTransferOptions* options, void* stream, bool async,
                     HixlRequest* request) {
   auto* e = Lookup<HixlEngineObj>(engine, Kind::kEngine);
   if (e == nullptr) return Invalid("engine is NULL or not a live engine handle");
@@ -241,6 +241,7 @@ HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc
   if (descs == nullptr || count == 0) return Invalid("no descriptors (NULL or count 0)");
   if (async && request == nullptr) return Invalid("request output pointer is NULL");
   hixl::TransferArgs args;
+  args.stream = stream;
   int32_t sync_timeout_ms = e->transfer_timeout_ms;
   if (options != nullptr) {
     if (options->timeout_ms < 0)
@@ -332,7 +333,7 @@ HixlStatus Transfer(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc
 HixlStatus Single(HixlEngine engine, HixlTransferOp op, const void* local, size_t size,
                   HixlMemHandle remote, uint64_t off, bool async, HixlRequest* request) {
   HixlTransferDesc d{const_cast<void*>(local), remote, off, size};
-  return Transfer(engine, op, &d, 1, nullptr, async, request);
+  return Transfer(engine, op, &d, 1, nullptr, nullptr, async, request);
 }
 
 }  // namespace
@@ -615,8 +616,14 @@ HixlStatus hixlRegisterMemoryTyped(HixlEngine engine, void* addr, size_t size, u
     auto it = e->allocs.upper_bound(m->addr);
     if (it != e->allocs.begin()) {
       --it;
-      if (m->addr >= it->first && m->addr - it->first < it->second &&
-          size <= it->second - (m->addr - it->first)) {
+      if (m->addr >= it->first && m->addr - it->first < it->second.size &&
+          size <= it->second.size - (m->addr - it->first)) {
+        if (it->second.mem_type != mem_type) {
+          return Invalid(mem_type == HIXL_MEM_DEVICE
+                             ? "the memory is host memory from hixlAllocMemory, not device memory"
+                             : "the memory is device memory from hixlAllocMemoryTyped "
+                               "(HIXL_MEM_DEVICE): register it with that type");
+        }
         m->alloc_backed = true;
         if (hixl::Status s = e->engine.GetMemHandle(reinterpret_cast<void*>(it->first), m->cxx);
             !s.ok()) {
@@ -691,7 +698,7 @@ HixlStatus hixlAllocMemoryTyped(HixlEngine engine, size_t size, uint32_t mem_typ
   }
   {
     std::lock_guard<std::mutex> l(e->mu);
-    e->allocs[reinterpret_cast<uintptr_t>(p)] = size;
+    e->allocs[reinterpret_cast<uintptr_t>(p)] = {size, mem_type};
   }
   *ptr = p;
   return HIXL_SUCCESS;
@@ -708,7 +715,7 @@ HixlStatus hixlFreeMemory(HixlEngine engine, void* ptr) {
     auto it = e->allocs.find(start);
     if (it == e->allocs.end())
       return Invalid("ptr was not returned by hixlAllocMemory of this engine");
-    size = it->second;
+    size = it->second.size;
   }
   if (hixl::Status s = e->engine.FreeMem(ptr); !s.ok()) return FromCxx(s);
   std::vector<HixlMemHandleObj*> dead;
@@ -809,17 +816,24 @@ HixlStatus hixlReadRemoteAsync(HixlEngine engine, void* local, size_t size, Hixl
 }
 HixlStatus hixlTransferBatch(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
                              size_t count, HixlRequest* request) {
-  return Transfer(engine, op, descs, count, nullptr, false, request);
+  return Transfer(engine, op, descs, count, nullptr, nullptr, false, request);
 }
 HixlStatus hixlTransferBatchAsync(HixlEngine engine, HixlTransferOp op,
                                   const HixlTransferDesc* descs, size_t count,
                                   HixlRequest* request) {
-  return Transfer(engine, op, descs, count, nullptr, true, request);
+  return Transfer(engine, op, descs, count, nullptr, nullptr, true, request);
 }
 HixlStatus hixlTransferBatchEx(HixlEngine engine, HixlTransferOp op, const HixlTransferDesc* descs,
                                size_t count, const HixlTransferOptions* options, int async,
                                HixlRequest* request) {
-  return Transfer(engine, op, descs, count, options, async != 0, request);
+  return Transfer(engine, op, descs, count, options, nullptr, async != 0, request);
+}
+
+HixlStatus hixlTransferBatchOnStream(HixlEngine engine, HixlTransferOp op,
+                                     const HixlTransferDesc* descs, size_t count,
+                                     const HixlTransferOptions* options, void* stream, int async,
+                                     HixlRequest* request) {
+  return Transfer(engine, op, descs, count, options, stream, async != 0, request);
 }
 
 HixlStatus hixlPollRequest(HixlEngine engine, HixlRequest request) {

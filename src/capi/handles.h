@@ -36,7 +36,11 @@ struct HixlEngineObj {
   std::set<std::string> connected;
   std::set<HixlMemHandleObj*> handles;
   std::set<struct RequestImpl*> requests;
-  std::map<uintptr_t, size_t> allocs;            // hixlAllocMemory: start -> size
+  struct Alloc {
+    size_t size;
+    uint32_t mem_type;  // HIXL_MEM_*
+  };
+  std::map<uintptr_t, Alloc> allocs;             // hixlAllocMemory: start -> size, type
   std::map<hixl::MemHandle, int> registrations;  // RegisterMem handle -> C handles using it
 
   // hixlGetNotifies: notifications taken from the engine (whose GetNotifies

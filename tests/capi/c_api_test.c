@@ -252,6 +252,14 @@ int main(void) {
     opt.timeout_ms = -1;
     CHECK_STATUS(HIXL_PARAM_INVALID,
                  hixlTransferBatchEx(prefill, HIXL_OP_WRITE, descs, 4, &opt, 0, NULL));
+    /* On a stream: NULL is hixlTransferBatchEx (streams themselves:
+     * tests/device/device_capi_test.cc, against the fake driver). */
+    memset(target, 0, kSize);
+    CHECK_STATUS(HIXL_SUCCESS,
+                 hixlTransferBatchOnStream(prefill, HIXL_OP_WRITE, descs, 1, NULL, NULL, 0, NULL));
+    CHECK(memcmp(target, src, 4096) == 0);
+    CHECK_STATUS(HIXL_PARAM_INVALID,
+                 hixlTransferBatchOnStream(prefill, HIXL_OP_WRITE, descs, 0, NULL, NULL, 0, NULL));
   }
 
   /* Cancelling: an ended request keeps its answer; one cancelled at once has
