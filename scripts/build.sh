@@ -16,11 +16,11 @@ esac
 # CUDA device memory (the toolkit's headers; CUDAToolkit_ROOT or /usr/local/cuda).
 args+=(-DHIXL_WITH_UCX=ON -DHIXL_WITH_ETCD=ON)
 # HIXL_NO_CUDA=1 leaves CUDA out; so does a host with no toolkit (said below).
+source scripts/cuda-lib.sh
 if [ -z "${HIXL_NO_CUDA:-}" ]; then
-  if [ -n "${CUDAToolkit_ROOT:-}" ] || command -v nvcc >/dev/null; then
-    args+=(-DHIXL_WITH_CUDA=ON)
-  elif [ -d /usr/local/cuda/include ]; then
-    args+=(-DHIXL_WITH_CUDA=ON -DCUDAToolkit_ROOT=/usr/local/cuda)
+  if cuda_args=$(hixl_cuda_args); then
+    read -ra cuda_args <<< "$cuda_args"
+    args+=("${cuda_args[@]}")
   else
     echo "build.sh: no CUDA toolkit found (CUDAToolkit_ROOT, nvcc, /usr/local/cuda): building without device memory" >&2
   fi

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "device/driver_client.h"
+
 namespace pd {
 
 int DemoOptions::MaxPromptLen() const {
@@ -28,7 +30,8 @@ std::vector<std::string> DemoOptions::WorkerArgs() const {
           "--block-size", std::to_string(m.block_size), "--seed",      std::to_string(m.seed),
           "--pool-blocks", std::to_string(PoolBlocks()), "--link",     link,
           "--mode",       mode,                        "--gen-tokens", std::to_string(gen_tokens),
-          "--prefill-ip", prefill_ip,                  "--decode-ip",  decode_ip};
+          "--prefill-ip", prefill_ip,                  "--decode-ip",  decode_ip,
+          "--device",     device};
 }
 
 std::string Usage() {
@@ -42,6 +45,9 @@ std::string Usage() {
          "run:     --requests N (8) --prompt-lens A,B,... (96..512) --gen-tokens N (16)\n"
          "         --inflight N (3) --pool-blocks N (auto)\n"
          "link:    --link shm|tcp (shm) --mode push|pull (push)\n"
+         "         --device host|cuda (host: the KV caches in host memory; cuda: in CUDA device\n"
+         "         memory of the driver HIXL_CUDA_DRIVER names, default libcuda.so.1, the model\n"
+         "         computing on the CPU and copying each layer's blocks to and from the device)\n"
          "         --prefill-ip IP --decode-ip IP --prefill-netns NS --decode-netns NS\n"
          "output:  --no-before  --json FILE  --timeline FILE  --quiet\n"
          "test:    --corrupt   (flips one byte of one received block: the run must fail)\n";
@@ -111,6 +117,11 @@ std::string ParseOptions(int argc, char** argv, int first, DemoOptions& o) {
         return "--mode is push or pull";
       }
       o.mode = v;
+    } else if (a == "--device") {
+      if (!next(v) || (std::string(v) != "host" && std::string(v) != "cuda")) {
+        return "--device is host or cuda";
+      }
+      o.device = v;
     } else if (a == "--prefill-ip") {
       if (!next(v)) return "--prefill-ip needs an address";
       o.prefill_ip = v;
@@ -193,22 +204,55 @@ std::vector<int32_t> ParseInts(const std::vector<std::string>& f, size_t from, s
   return v;
 }
 
-KvStore::KvStore(llm_datadist::LlmDataDist& dd, const ModelConfig& m, int pool_blocks)
-    : dd_(dd), m_(m), pool_blocks_(pool_blocks) {
+namespace {
+hixl::device::DriverClient& Cuda() { return hixl::device::DriverClient::Get(); }
+}  // namespace
+
+KvStore::KvStore(llm_datadist::LlmDataDist& dd, const ModelConfig& m, int pool_blocks,
+                 bool device)
+    : dd_(dd), m_(m), pool_blocks_(pool_blocks), device_(device) {
   const size_t bytes = m.block_bytes() * static_cast<size_t>(pool_blocks);
+  if (device_ && !Cuda().ok()) {
+    status_ = llm_datadist::Status(llm_datadist::LLM_FEATURE_NOT_ENABLED,
+                                   "--device cuda: " + Cuda().error());
+    return;
+  }
   std::vector<uint64_t> addrs;
   for (int t = 0; t < 2 * m.layers; ++t) {
     void* p = nullptr;
-    status_ = dd.AllocHostMemory(bytes, &p);
-    if (!status_.ok()) return;
-    std::memset(p, 0, bytes);
-    mem_.push_back(p);
+    float* view = nullptr;
+    if (device_) {
+      // The application's own device allocation, as an inference engine's
+      // KV tensors are; zeroed through the driver.
+      p = reinterpret_cast<void*>(Cuda().Alloc(bytes));
+      if (p == nullptr) {
+        status_ = llm_datadist::Status(llm_datadist::LLM_OUT_OF_MEMORY,
+                                       "--device cuda: cuMemAlloc of " + std::to_string(bytes) +
+                                           " bytes failed");
+        return;
+      }
+      mem_.push_back(p);
+      host_.emplace_back(bytes / sizeof(float), 0.0f);
+      if (!Cuda().Copy(p, host_.back().data(), bytes)) {
+        status_ = llm_datadist::Status(llm_datadist::LLM_FAILED,
+                                       "--device cuda: zeroing device memory failed");
+        return;
+      }
+      view = host_.back().data();
+    } else {
+      status_ = dd.AllocHostMemory(bytes, &p);
+      if (!status_.ok()) return;
+      std::memset(p, 0, bytes);
+      mem_.push_back(p);
+      view = static_cast<float*>(p);
+    }
     addrs.push_back(reinterpret_cast<uint64_t>(p));
-    (t % 2 == 0 ? view_.k : view_.v).push_back(static_cast<float*>(p));
+    (t % 2 == 0 ? view_.k : view_.v).push_back(view);
   }
   view_.num_blocks = pool_blocks;
   llm_datadist::CacheDesc desc;
-  desc.placement = llm_datadist::CachePlacement::kHost;
+  desc.placement =
+      device_ ? llm_datadist::CachePlacement::kDevice : llm_datadist::CachePlacement::kHost;
   desc.num_tensors = static_cast<uint32_t>(2 * m.layers);
   desc.data_type = llm_datadist::DT_FLOAT;
   desc.shape = {pool_blocks, m.block_size, m.kv_heads, m.head_dim};
@@ -220,7 +264,44 @@ KvStore::KvStore(llm_datadist::LlmDataDist& dd, const ModelConfig& m, int pool_b
 
 KvStore::~KvStore() {
   if (cache_id_ != 0) (void)dd_.UnregisterKvCache(cache_id_);
-  for (void* p : mem_) (void)dd_.FreeHostMemory(p);
+  for (void* p : mem_) {
+    if (device_) {
+      (void)Cuda().Free(reinterpret_cast<uintptr_t>(p));
+    } else {
+      (void)dd_.FreeHostMemory(p);
+    }
+  }
+}
+
+std::string KvStore::Upload(int layer, const std::vector<int32_t>& blocks) {
+  return Copy(layer, blocks, true);
+}
+std::string KvStore::Download(const std::vector<int32_t>& blocks) {
+  return Copy(-1, blocks, false);
+}
+
+// One driver copy per run of consecutive blocks of each tensor.
+std::string KvStore::Copy(int layer, const std::vector<int32_t>& blocks, bool to_device) {
+  if (!device_) return "";
+  const size_t bb = m_.block_bytes();
+  const int first = layer < 0 ? 0 : 2 * layer;
+  const int last = layer < 0 ? 2 * m_.layers : 2 * layer + 2;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i + 1;
+    while (j < blocks.size() && blocks[j] == blocks[j - 1] + 1) ++j;
+    const size_t off = static_cast<size_t>(blocks[i]) * bb, n = (j - i) * bb;
+    if (blocks[i] < 0 || blocks[j - 1] >= pool_blocks_) return "block outside the pool";
+    for (int t = first; t < last; ++t) {
+      auto* dev = static_cast<uint8_t*>(mem_[t]) + off;
+      auto* host = reinterpret_cast<uint8_t*>(host_[t].data()) + off;
+      if (!(to_device ? Cuda().Copy(dev, host, n) : Cuda().Copy(host, dev, n))) {
+        return std::string("--device cuda: copying KV blocks ") +
+               (to_device ? "to" : "from") + " the device failed";
+      }
+    }
+    i = j;
+  }
+  return "";
 }
 
 llm_datadist::Cache KvStore::cache() const {

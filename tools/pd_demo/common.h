@@ -36,6 +36,10 @@ struct DemoOptions {
   int gen_tokens = 16;    // tokens generated per request (the first by prefill)
   std::string link = "shm";   // shm | tcp
   std::string mode = "push";  // push | pull
+  // host | cuda: where the KV caches live (cuda: device memory; the model
+  // computes on the CPU in a host copy and moves each layer's blocks to the
+  // device after computing them, and a received request's blocks back).
+  std::string device = "host";
   int pool_blocks = 0;        // KV blocks per process; 0: enough for `inflight` longest requests
   int inflight = 3;           // requests between prefill start and decode end at once
   bool run_before = true;     // also the "before" path (staged, serialized, socket)
@@ -73,16 +77,25 @@ std::string JoinInts(const std::vector<int32_t>& v);
 std::vector<int32_t> ParseInts(const std::vector<std::string>& f, size_t from, size_t n);
 
 // One process's paged KV cache: 2 * layers tensors [K0, V0, K1, V1, ...],
-// each pool_blocks blocks, in AllocHostMemory memory, registered with the
-// instance (blocks model id 0), and a free list of blocks.
+// each pool_blocks blocks, registered with the instance (blocks model id 0),
+// and a free list of blocks. Host: AllocHostMemory memory, which view()
+// points into. Device (--device cuda): device memory of the driver
+// (CachePlacement::kDevice); view() is then a host copy the model computes
+// in, moved to and from the device by Upload and Download.
 class KvStore {
  public:
-  KvStore(llm_datadist::LlmDataDist& dd, const ModelConfig& m, int pool_blocks);
+  KvStore(llm_datadist::LlmDataDist& dd, const ModelConfig& m, int pool_blocks, bool device);
   ~KvStore();
   llm_datadist::Status status() const { return status_; }
   int64_t cache_id() const { return cache_id_; }
   const KvView& view() const { return view_; }
   llm_datadist::Cache cache() const;
+  bool device() const { return device_; }
+  // Device caches: the blocks of one layer's K and V (layer -1: every
+  // layer) from the host copy to the device, or back. Host caches: nothing
+  // to do. "" or the error.
+  std::string Upload(int layer, const std::vector<int32_t>& blocks);
+  std::string Download(const std::vector<int32_t>& blocks);
 
   // Takes n blocks (waits up to timeout_ms for others to be freed);
   // empty on timeout.
@@ -96,8 +109,12 @@ class KvStore {
   llm_datadist::LlmDataDist& dd_;
   ModelConfig m_;
   int pool_blocks_;
+  std::string Copy(int layer, const std::vector<int32_t>& blocks, bool to_device);
+
+  bool device_;
   llm_datadist::Status status_;
-  std::vector<void*> mem_;
+  std::vector<void*> mem_;                // registered: host or device memory
+  std::vector<std::vector<float>> host_;  // device caches: the host copy
   KvView view_;
   int64_t cache_id_ = 0;
   mutable std::mutex mu_;

@@ -290,7 +290,8 @@ class Disaggregated {
 
   Run RunLlmDataDist() {
     Run run;
-    run.name = "disaggregated (" + o_.mode + ", " + o_.link + ")";
+    run.name = "disaggregated (" + o_.mode + ", " + o_.link +
+               (o_.device == "cuda" ? ", cuda" : "") + ")";
     results_.assign(o_.requests, {});
     run.start = NowNs();
     Drive(o_.mode == "push" ? Path::kPush : Path::kPull, run.name);
@@ -570,9 +571,11 @@ int main(int argc, char** argv) {
               "KV blocks of %d tokens (%.1f KiB per layer per K/V block)\n",
               m.layers, m.heads, m.kv_heads, m.head_dim, m.mlp_dim, m.vocab, m.block_size,
               m.block_bytes() / 1024.0);
-  std::printf("%d requests, prompts of %d..%d tokens, %d tokens generated each; link %s, mode %s\n",
+  std::printf("%d requests, prompts of %d..%d tokens, %d tokens generated each; link %s, mode %s, "
+              "KV caches in %s memory\n",
               o.requests, *std::min_element(o.prompt_lens.begin(), o.prompt_lens.end()),
-              o.MaxPromptLen(), o.gen_tokens, o.link.c_str(), o.mode.c_str());
+              o.MaxPromptLen(), o.gen_tokens, o.link.c_str(), o.mode.c_str(),
+              o.device == "cuda" ? "CUDA device" : "host");
   std::fflush(stdout);
 
   Run ref = Reference(o, model);
@@ -591,15 +594,15 @@ int main(int argc, char** argv) {
 
   Summary sr = Summarize(ref), sd = Summarize(dis);
   std::printf("\nsummary (%d requests; per-request means)\n", o.requests);
-  std::printf("  %-28s %7s %9s %12s %11s %7s\n", "run", "wall s", "TTFT ms", "KV moving ms",
+  std::printf("  %-32s %7s %9s %12s %11s %7s\n", "run", "wall s", "TTFT ms", "KV moving ms",
               "exposed ms", "hidden");
   auto row = [](const std::string& name, const Summary& x, bool moved) {
     if (!moved) {
-      std::printf("  %-28s %7.2f %9.2f %12s %11s %7s\n", name.c_str(), x.wall_s, x.ttft_ms, "-",
+      std::printf("  %-32s %7.2f %9.2f %12s %11s %7s\n", name.c_str(), x.wall_s, x.ttft_ms, "-",
                   "-", "-");
       return;
     }
-    std::printf("  %-28s %7.2f %9.2f %12.3f %11.3f %6.1f%%\n", name.c_str(), x.wall_s, x.ttft_ms,
+    std::printf("  %-32s %7.2f %9.2f %12.3f %11.3f %6.1f%%\n", name.c_str(), x.wall_s, x.ttft_ms,
                 x.transfer_ms, x.exposed_ms, 100 * x.hidden);
   };
   row(ref.name, sr, false);

@@ -49,7 +49,7 @@ class DecodeWorker {
   int Run() {
     Status s = InitWorkerInstance(dd_, o_, o_.decode_ip);
     if (!s.ok()) return Fail("Initialize: " + s.ToString());
-    store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks());
+    store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks(), o_.device == "cuda");
     if (!store_->status().ok()) return Fail("KV cache: " + store_->status().ToString());
     (void)dd_.SetKvTransferCallback([this](const KvTransferEvent& ev) { OnEvent(ev); });
     if (!Listen()) return Fail("before path: cannot listen");
@@ -168,6 +168,13 @@ class DecodeWorker {
       }
       j.kv_ready = NowNs();
     }
+    // Device caches: the received blocks from the device into the host copy
+    // the model computes in (the hash below is of the device's bytes).
+    if (std::string e = store_->Download(j.blocks); !e.empty()) {
+      store_->Free(j.blocks);
+      WriteLine(1, "error " + rs + " decode: " + e);
+      return;
+    }
     if (o_.corrupt && !corrupted_) {
       corrupted_ = true;
       reinterpret_cast<uint8_t*>(store_->view().k[0] +
@@ -260,6 +267,13 @@ class DecodeWorker {
             in += row;
           }
         }
+      }
+      // Device caches: the rows go on to the device, as the decode's cache
+      // lives there (and come back before decoding, as for the other paths).
+      if (std::string e = store_->Upload(-1, j.blocks); !e.empty()) {
+        store_->Free(j.blocks);
+        WriteLine(1, "error " + std::to_string(j.r) + " before path: " + e);
+        continue;
       }
       j.kv_ready = NowNs();
       Enqueue(std::move(j));

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "common.h"
@@ -65,7 +66,7 @@ class PrefillWorker {
   int Run() {
     Status s = InitWorkerInstance(dd_, o_, o_.prefill_ip);
     if (!s.ok()) return Fail("Initialize: " + s.ToString());
-    store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks());
+    store_ = std::make_unique<KvStore>(dd_, o_.model, o_.PoolBlocks(), o_.device == "cuda");
     if (!store_->status().ok()) return Fail("KV cache: " + store_->status().ToString());
     (void)dd_.SetKvTransferCallback([this](const KvTransferEvent& ev) { OnEvent(ev); });
     WriteLine(1, "READY " + dd_.LocalAddress());
@@ -102,7 +103,9 @@ class PrefillWorker {
     }
   }
 
-  // Embed + every layer (calling after_layer(l) when layer l is done) + sample.
+  // Embed + every layer (calling after_layer(l) when layer l is done, and
+  // with device caches once its blocks are on the device) + sample. Throws
+  // when a copy to the device fails.
   int32_t Compute(int r, int p, const std::vector<int32_t>& table, std::vector<Layered>& times,
                   const std::function<void(int)>& after_layer) {
     const std::vector<int32_t> prompt = MakePrompt(o_.model.seed, r, p, o_.model.vocab);
@@ -112,6 +115,9 @@ class PrefillWorker {
     for (int l = 0; l < o_.model.layers; ++l) {
       times[l].start = NowNs();
       model_.PrefillLayer(l, hidden.data(), p, store_->view(), table);
+      if (std::string e = store_->Upload(l, table); !e.empty()) {
+        throw std::runtime_error("request " + std::to_string(r) + ": " + e);
+      }
       times[l].end = NowNs();
       if (after_layer) after_layer(l);
     }
@@ -233,6 +239,12 @@ class PrefillWorker {
     int32_t first = Compute(r, p, table, times, nullptr);
     const int64_t cend = NowNs();
     const int64_t sstart = NowNs();
+    // Device caches: the staged path starts with the blocks' copy to the host.
+    if (std::string e = store_->Download(table); !e.empty()) {
+      store_->Free(table);
+      WriteLine(1, "error " + std::to_string(r) + " stage: " + e);
+      return;
+    }
     const size_t row = static_cast<size_t>(o_.model.kv_heads) * o_.model.head_dim * sizeof(float);
     const uint64_t payload = static_cast<uint64_t>(o_.model.layers) * 2 * p * row;
     std::vector<uint8_t> msg(32 + payload);
