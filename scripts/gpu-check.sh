@@ -3,7 +3,9 @@
 # with CUDA (build-gpu/) and runs the device tests against the real driver
 # (libcuda.so.1, or HIXL_CUDA_DRIVER) and the device benchmark
 # (hixl-bench --device --verify) and LLM-DataDist's with device caches
-# (hixl-kv-bench --mem cuda --verify, shm and tcp), then prints the tables.
+# (hixl-kv-bench --mem cuda --verify, shm and tcp) and the demo with its KV
+# caches in device memory (hixl-pd-demo --device cuda, shm push and tcp pull),
+# then prints the tables.
 #   scripts/gpu-check.sh
 # Needs the CUDA toolkit's headers (CUDAToolkit_ROOT, nvcc, or /usr/local/cuda),
 # cmake, a C++20 compiler, GoogleTest and the libraries of scripts/setup.sh.
@@ -15,7 +17,7 @@ nvidia-smi -L 2>/dev/null || echo "gpu-check: nvidia-smi is not available" >&2
 root="${CUDAToolkit_ROOT:-/usr/local/cuda}"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WITH_CUDA=ON \
   -DCUDAToolkit_ROOT="$root" >/dev/null || exit 1
-cmake --build build-gpu -j "$(nproc)" --target hixl_device_tests hixl_test_peer hixl-bench hixl-kv-bench \
+cmake --build build-gpu -j "$(nproc)" --target hixl_device_tests hixl_test_peer hixl-bench hixl-kv-bench hixl-pd-demo \
   >/dev/null || exit 1
 
 log=$(mktemp)
@@ -27,12 +29,24 @@ kv=$(mktemp)
 for t in shm tcp; do
   timeout 300 build-gpu/tools/hixl-kv-bench --mem cuda --transport "$t" --verify --reps 3 >>"$kv" || rc=1
 done
+demo=()
+for lm in "shm push" "tcp pull"; do
+  set -- $lm
+  if timeout 300 build-gpu/tools/hixl-pd-demo --device cuda --link "$1" --mode "$2" --quiet \
+      > /dev/null 2>&1; then
+    demo+=("| hixl-pd-demo --device cuda --link $1 --mode $2 | OK |")
+  else
+    demo+=("| hixl-pd-demo --device cuda --link $1 --mode $2 | FAILED |")
+    rc=1
+  fi
+done
 
 echo
 echo "| check | result |"
 echo "| --- | --- |"
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z/]+\.[A-Za-z]+' "$log" | sort -u |
   sed -E 's/^\[ +([A-Z]+) +\] ([^ ]+).*/| \2 | \1 |/'
+printf '%s\n' "${demo[@]}"
 echo
 echo "| path | via | op | bytes | GB/s | baseline GB/s | ratio | baseline |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"

@@ -13,6 +13,9 @@
 //                              [OFF, OFF+SIZE) registered MEM_DEVICE -> OK <addr>
 //                              (fill, fillpat and hash reach device regions
 //                              through the driver)
+//   devvmm NAME TOTAL OFF SIZE [PERMS [nofd]]  like devreg, the memory made
+//                              with cuMemCreate and mapped (VMM), shareable
+//                              as a file descriptor unless nofd
 //   devdelay US                the fake driver (tests/fake_cuda) sleeps US
 //                              microseconds before each copy
 //   devfail N                  the fake driver (tests/fake_cuda) lets the
@@ -146,6 +149,7 @@ struct Region {
   std::shared_ptr<Block> block;  // kReg / kBuf
   bool device = false;           // CUDA device memory (devalloc, devreg)
   uintptr_t dev_alloc = 0;       // devreg: the allocation it lies in (freed with it)
+  size_t dev_vmm_size = 0;       // devvmm: dev_alloc is VMM memory of this size
 };
 
 // Device memory is read and written only through the driver (the fake
@@ -333,28 +337,34 @@ class Peer {
       reinterpret_cast<void (*)(long long)>(f)(n);
       return Reply("OK"), true;
     }
-    if (cmd == "devreg") {  // devreg NAME TOTAL OFFSET SIZE [perms]: part of a device allocation
-      std::string name, perm_s = "rw";
+    if (cmd == "devreg" || cmd == "devvmm") {
+      // devreg NAME TOTAL OFFSET SIZE [perms]: part of a device allocation;
+      // devvmm NAME TOTAL OFFSET SIZE [perms [nofd]]: of VMM memory
+      std::string name, perm_s = "rw", fd_s;
       size_t total = 0, off = 0, size = 0;
       if (!(in >> name >> total >> off >> size) || Find(name) || off + size > total)
         return Reply("ERR usage/duplicate"), true;
-      in >> perm_s;
+      in >> perm_s >> fd_s;
       uint32_t perms = 0;
       if (!ParsePerms(perm_s, perms)) return Reply("ERR bad perms"), true;
       auto& cuda = hixl_test::TestCuda::Get();
       if (!cuda.ok()) return Reply("ERR no test driver: " + cuda.error()), true;
-      uintptr_t base = cuda.Alloc(total);
+      size_t vmm_size = 0;
+      uintptr_t base = cmd == "devreg" ? cuda.Alloc(total)
+                                       : cuda.AllocVmm(total, fd_s != "nofd", &vmm_size);
       if (base == 0) return Reply("ERR device allocation failed"), true;
+      auto release = [&] { return vmm_size != 0 ? cuda.FreeVmm(base, vmm_size) : cuda.Free(base); };
       Region r;
       r.kind = Kind::kReg;
       r.addr = reinterpret_cast<unsigned char*>(base + off);
       r.size = size;
       r.device = true;
       r.dev_alloc = base;
+      r.dev_vmm_size = vmm_size;
       hixl::MemDesc d{base + off, size};
       hixl::Status s = engine.RegisterMem(d, hixl::MemType::MEM_DEVICE, r.handle, perms);
       if (!s.ok()) {
-        cuda.Free(base);
+        release();
         return Reply(Err(s)), true;
       }
       r.registered = true;
@@ -565,7 +575,14 @@ class Peer {
       } else if (r->registered) {
         s = engine.DeregisterMem(r->handle);
       }
-      if (r->dev_alloc != 0 && s.ok()) hixl_test::TestCuda::Get().Free(r->dev_alloc);
+      if (r->dev_alloc != 0 && s.ok()) {
+        auto& cuda = hixl_test::TestCuda::Get();
+        if (r->dev_vmm_size != 0) {
+          cuda.FreeVmm(r->dev_alloc, r->dev_vmm_size);
+        } else {
+          cuda.Free(r->dev_alloc);
+        }
+      }
       regions.erase(name);  // frees the block when no other region shares it
       if (!s.ok()) return Reply(Err(s)), true;
       return Reply("OK"), true;

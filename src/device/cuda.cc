@@ -27,6 +27,13 @@ Status WaitOnCpu(const StreamEvent& ev) { return ev ? NoCuda() : Status::Ok(); }
 Status IpcExport(uintptr_t, int, std::string&) { return NoCuda(); }
 Status IpcOpen(const std::string&, const Uuid&, uintptr_t&, int&) { return NoCuda(); }
 Status IpcClose(uintptr_t, int) { return NoCuda(); }
+Status VmmProbe(uintptr_t, int, bool& vmm, bool& exportable, std::string&) {
+  vmm = exportable = false;
+  return NoCuda();
+}
+Status VmmExport(uintptr_t, int, int&) { return NoCuda(); }
+Status VmmImport(int, size_t, const Uuid&, uintptr_t&, int&) { return NoCuda(); }
+Status VmmClose(uintptr_t, size_t, int) { return NoCuda(); }
 }  // namespace hixl::device
 
 #else  // HIXL_HAVE_CUDA
@@ -74,6 +81,16 @@ struct Api {
   PFN_cuIpcGetMemHandle_v4010 IpcGetMemHandle = nullptr;
   PFN_cuIpcOpenMemHandle_v11000 IpcOpenMemHandle = nullptr;
   PFN_cuIpcCloseMemHandle_v4010 IpcCloseMemHandle = nullptr;
+  PFN_cuMemRetainAllocationHandle_v11000 MemRetainAllocationHandle = nullptr;
+  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 MemGetAllocationPropertiesFromHandle = nullptr;
+  PFN_cuMemRelease_v10020 MemRelease = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 MemExportToShareableHandle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 MemImportFromShareableHandle = nullptr;
+  PFN_cuMemAddressReserve_v10020 MemAddressReserve = nullptr;
+  PFN_cuMemAddressFree_v10020 MemAddressFree = nullptr;
+  PFN_cuMemMap_v10020 MemMap = nullptr;
+  PFN_cuMemUnmap_v10020 MemUnmap = nullptr;
+  PFN_cuMemSetAccess_v10020 MemSetAccess = nullptr;
 };
 
 const char* DriverPath() {
@@ -243,6 +260,16 @@ class Driver {
     need("cuIpcGetMemHandle", api_.IpcGetMemHandle);
     need("cuIpcOpenMemHandle", api_.IpcOpenMemHandle);
     need("cuIpcCloseMemHandle", api_.IpcCloseMemHandle);
+    need("cuMemRetainAllocationHandle", api_.MemRetainAllocationHandle);
+    need("cuMemGetAllocationPropertiesFromHandle", api_.MemGetAllocationPropertiesFromHandle);
+    need("cuMemRelease", api_.MemRelease);
+    need("cuMemExportToShareableHandle", api_.MemExportToShareableHandle);
+    need("cuMemImportFromShareableHandle", api_.MemImportFromShareableHandle);
+    need("cuMemAddressReserve", api_.MemAddressReserve);
+    need("cuMemAddressFree", api_.MemAddressFree);
+    need("cuMemMap", api_.MemMap);
+    need("cuMemUnmap", api_.MemUnmap);
+    need("cuMemSetAccess", api_.MemSetAccess);
     if (!s.ok()) return s;
     CUresult r = api_.Init(0);
     if (r == CUDA_ERROR_STUB_LIBRARY) return Stub();
@@ -519,6 +546,99 @@ Status IpcClose(uintptr_t base, int ordinal) {
   if (!ctx.status().ok()) return ctx.status();
   CUresult r = D().api().IpcCloseMemHandle(static_cast<CUdeviceptr>(base));
   return r == CUDA_SUCCESS ? Status::Ok() : D().Error("cuIpcCloseMemHandle", r);
+}
+
+Status VmmProbe(uintptr_t base, int ordinal, bool& vmm, bool& exportable, std::string& why_not) {
+  vmm = exportable = false;
+  why_not.clear();
+  if (Status s = Available(); !s.ok()) return s;
+  ScopedContext ctx(ordinal);
+  if (!ctx.status().ok()) return ctx.status();
+  const Api& a = D().api();
+  CUmemGenericAllocationHandle h = 0;
+  // Refused for memory of cuMemAlloc: not VMM memory.
+  if (a.MemRetainAllocationHandle(&h, reinterpret_cast<void*>(base)) != CUDA_SUCCESS) {
+    return Status::Ok();
+  }
+  vmm = true;
+  CUmemAllocationProp prop{};
+  CUresult r = a.MemGetAllocationPropertiesFromHandle(&prop, h);
+  a.MemRelease(h);
+  if (r != CUDA_SUCCESS) return D().Error("cuMemGetAllocationPropertiesFromHandle", r);
+  exportable = (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  if (!exportable) {
+    why_not =
+        "it is cuMemCreate memory created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in "
+        "its requestedHandleTypes, so no other process can open it (create it with that "
+        "handle type, or use cuMemAlloc memory)";
+  }
+  return Status::Ok();
+}
+
+Status VmmExport(uintptr_t base, int ordinal, int& fd) {
+  fd = -1;
+  if (Status s = Available(); !s.ok()) return s;
+  ScopedContext ctx(ordinal);
+  if (!ctx.status().ok()) return ctx.status();
+  const Api& a = D().api();
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = a.MemRetainAllocationHandle(&h, reinterpret_cast<void*>(base));
+  if (r != CUDA_SUCCESS) return D().Error("cuMemRetainAllocationHandle", r);
+  int out = -1;
+  r = a.MemExportToShareableHandle(&out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  a.MemRelease(h);
+  if (r != CUDA_SUCCESS) return D().Error("cuMemExportToShareableHandle", r);
+  fd = out;
+  return Status::Ok();
+}
+
+Status VmmImport(int fd, size_t size, const Uuid& uuid, uintptr_t& base, int& ordinal) {
+  base = 0;
+  if (Status s = Available(); !s.ok()) return s;
+  ordinal = D().OrdinalOf(uuid);
+  if (ordinal < 0) {
+    return Status::Unsupported("the peer's CUDA device " + UuidString(uuid) +
+                               " is not visible in this process");
+  }
+  ScopedContext ctx(ordinal);
+  if (!ctx.status().ok()) return ctx.status();
+  const Api& a = D().api();
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = a.MemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) return D().Error("cuMemImportFromShareableHandle", r);
+  CUdeviceptr p = 0;
+  const char* step = "cuMemAddressReserve";
+  r = a.MemAddressReserve(&p, size, 0, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    step = "cuMemMap";
+    r = a.MemMap(p, size, 0, h, 0);
+    if (r == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access.location.id = ordinal;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      step = "cuMemSetAccess";
+      r = a.MemSetAccess(p, size, &access, 1);
+      if (r != CUDA_SUCCESS) a.MemUnmap(p, size);
+    }
+    if (r != CUDA_SUCCESS) a.MemAddressFree(p, size);
+  }
+  a.MemRelease(h);  // the mapping holds the memory from here on
+  if (r != CUDA_SUCCESS) return D().Error(step, r);
+  base = static_cast<uintptr_t>(p);
+  return Status::Ok();
+}
+
+Status VmmClose(uintptr_t base, size_t size, int ordinal) {
+  if (Status s = Available(); !s.ok()) return s;
+  ScopedContext ctx(ordinal);
+  if (!ctx.status().ok()) return ctx.status();
+  const Api& a = D().api();
+  CUresult r = a.MemUnmap(static_cast<CUdeviceptr>(base), size);
+  if (r != CUDA_SUCCESS) return D().Error("cuMemUnmap", r);
+  r = a.MemAddressFree(static_cast<CUdeviceptr>(base), size);
+  return r == CUDA_SUCCESS ? Status::Ok() : D().Error("cuMemAddressFree", r);
 }
 
 }  // namespace hixl::device

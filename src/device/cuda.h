@@ -92,6 +92,26 @@ Status IpcExport(uintptr_t base, int ordinal, std::string& handle);
 Status IpcOpen(const std::string& handle, const Uuid& uuid, uintptr_t& base, int& ordinal);
 Status IpcClose(uintptr_t base, int ordinal);
 
+// Memory made with cuMemCreate and mapped with cuMemMap ("VMM": PyTorch's
+// expandable segments, the memory savers of vLLM and SGLang) has no legacy
+// IPC handle. It is shared as a POSIX file descriptor of its physical
+// memory, which the application must have created with
+// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requestedHandleTypes.
+// The allocation the driver reports for an address of it (PtrInfo base and
+// size) is taken to be one cuMemMap of a whole physical allocation, as those
+// allocators map them.
+//
+// VmmProbe: vmm is true when the allocation at base is such memory;
+// exportable says whether peers can open it, and why_not why they cannot.
+Status VmmProbe(uintptr_t base, int ordinal, bool& vmm, bool& exportable, std::string& why_not);
+// A new descriptor of the physical memory mapped at base (the caller closes it).
+Status VmmExport(uintptr_t base, int ordinal, int& fd);
+// Maps size bytes of the physical memory fd names (fd stays the caller's)
+// into this process, readable and writable by the device with uuid
+// (ordinal receives this process's ordinal of it). Undone by VmmClose.
+Status VmmImport(int fd, size_t size, const Uuid& uuid, uintptr_t& base, int& ordinal);
+Status VmmClose(uintptr_t base, size_t size, int ordinal);
+
 std::string UuidString(const Uuid& u);
 
 }  // namespace hixl::device

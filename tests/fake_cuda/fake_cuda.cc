@@ -383,7 +383,7 @@ CUresult MemFree(CUdeviceptr dptr) {
   {
     std::lock_guard lock(s.mu);
     auto it = s.device.find(dptr);
-    if (it == s.device.end() || it->second->ipc) return CUDA_ERROR_INVALID_VALUE;
+    if (it == s.device.end() || it->second->ipc || it->second->vmm) return CUDA_ERROR_INVALID_VALUE;
     freed = std::move(it->second);
     s.device.erase(it);
     // Closing the memfd now (its pages live on in the mappings) is what makes
@@ -557,6 +557,8 @@ CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   std::lock_guard lock(s.mu);
   auto it = s.device.find(dptr);
   if (it == s.device.end() || it->second->ipc) return CUDA_ERROR_INVALID_VALUE;
+  // Memory of cuMemCreate is shared through cuMemExportToShareableHandle.
+  if (it->second->vmm) return CUDA_ERROR_NOT_SUPPORTED;
   IpcPayload payload{};
   std::memcpy(payload.magic, kIpcMagic, sizeof(kIpcMagic));
   payload.pid = getpid();
@@ -689,6 +691,19 @@ const ProcEntry kProcs[] = {
     FAKE_CUDA_ENTRY(cuIpcGetMemHandle, 4010, IpcGetMemHandle),
     FAKE_CUDA_ENTRY(cuIpcOpenMemHandle, 11000, IpcOpenMemHandle),
     FAKE_CUDA_ENTRY(cuIpcCloseMemHandle, 4010, IpcCloseMemHandle),
+    FAKE_CUDA_ENTRY(cuMemCreate, 10020, MemCreate),
+    FAKE_CUDA_ENTRY(cuMemRelease, 10020, MemRelease),
+    FAKE_CUDA_ENTRY(cuMemAddressReserve, 10020, MemAddressReserve),
+    FAKE_CUDA_ENTRY(cuMemAddressFree, 10020, MemAddressFree),
+    FAKE_CUDA_ENTRY(cuMemMap, 10020, MemMap),
+    FAKE_CUDA_ENTRY(cuMemUnmap, 10020, MemUnmap),
+    FAKE_CUDA_ENTRY(cuMemSetAccess, 10020, MemSetAccess),
+    FAKE_CUDA_ENTRY(cuMemRetainAllocationHandle, 11000, MemRetainAllocationHandle),
+    FAKE_CUDA_ENTRY(cuMemExportToShareableHandle, 10020, MemExportToShareableHandle),
+    FAKE_CUDA_ENTRY(cuMemImportFromShareableHandle, 10020, MemImportFromShareableHandle),
+    FAKE_CUDA_ENTRY(cuMemGetAllocationPropertiesFromHandle, 10020,
+                    MemGetAllocationPropertiesFromHandle),
+    FAKE_CUDA_ENTRY(cuMemGetAllocationGranularity, 10020, MemGetAllocationGranularity),
 };
 #undef FAKE_CUDA_ENTRY
 
@@ -721,6 +736,8 @@ void Shutdown() {
   for (auto& [base, m] : device) {
     if (m->fd >= 0) close(m->fd);
   }
+  device.clear();  // vmm mappings first: their reservations go next
+  DropVmm(s);
   for (auto& [base, range] : host) {
     if (range.mapped != 0) munmap(reinterpret_cast<void*>(base), range.mapped);
   }
@@ -765,6 +782,8 @@ CUresult ResolveCopySide(State& s, CUdeviceptr p, size_t n, char** out,
     // Device memory, or the slack after it in its last page.
     if (p < m->base + m->mapped) {
       if (p + n > m->base + m->size) return CUDA_ERROR_INVALID_VALUE;
+      // A cuMemMap range before cuMemSetAccess: the GPU would fault.
+      if (m->vmm && !m->accessible) return CUDA_ERROR_ILLEGAL_ADDRESS;
       *out = m->alias + (p - m->base);
       *keep = m;
       return CUDA_SUCCESS;
@@ -820,6 +839,14 @@ HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_allocs(void) {
 
 HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_ipc_mappings(void) {
   return hixl_fake_cuda::g_live_ipc.load();
+}
+
+HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_vmm_mappings(void) {
+  return hixl_fake_cuda::LiveVmmMappings();
+}
+
+HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_vmm_handles(void) {
+  return hixl_fake_cuda::LivePhysAllocs();
 }
 
 HIXL_FAKE_CUDA_API long long hixl_fake_cuda_copies(void) { return hixl_fake_cuda::g_copies.load(); }

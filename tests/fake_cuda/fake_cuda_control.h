@@ -49,6 +49,12 @@ HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_allocs(void);
  * one mapping. */
 HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_ipc_mappings(void);
 
+/* Mappings of physical memory (cuMemMap) not yet unmapped, and handles of
+ * physical memory (cuMemCreate, cuMemImportFromShareableHandle,
+ * cuMemRetainAllocationHandle) not yet released. */
+HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_vmm_mappings(void);
+HIXL_FAKE_CUDA_API int hixl_fake_cuda_live_vmm_handles(void);
+
 /* Copies that completed successfully, and the bytes they moved. */
 HIXL_FAKE_CUDA_API long long hixl_fake_cuda_copies(void);
 HIXL_FAKE_CUDA_API long long hixl_fake_cuda_bytes_copied(void);

@@ -1,12 +1,14 @@
-// State shared by the two halves of the fake CUDA driver: fake_cuda.cc
+// State shared by the parts of the fake CUDA driver: fake_cuda.cc
 // (devices, contexts, memory, IPC, cuGetProcAddress) and fake_cuda_streams.cc
-// (streams, events, copies). Nothing here is exported from the library.
+// (streams, events, copies) and fake_cuda_vmm.cc (cuMemCreate memory).
+// Nothing here is exported from the library.
 #ifndef HIXL_TESTS_FAKE_CUDA_FAKE_CUDA_INTERNAL_H_
 #define HIXL_TESTS_FAKE_CUDA_FAKE_CUDA_INTERNAL_H_
 
 #include <cuda.h>
 #include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -54,8 +56,30 @@ extern __attribute__((tls_model("initial-exec"))) thread_local Context* t_curren
 
 inline CUcontext ToHandle(Context* c) { return reinterpret_cast<CUcontext>(c); }
 
-// A device allocation of this process, or a peer's allocation mapped here
-// through an IPC handle.
+// Physical memory of cuMemCreate (or of cuMemImportFromShareableHandle: the
+// same memfd, in another process): mapped into reservations by cuMemMap.
+struct PhysAlloc {
+  int fd = -1;  // the memfd: the bytes
+  size_t size = 0;
+  int ordinal = 0;
+  bool fd_exportable = false;  // requestedHandleTypes had POSIX_FILE_DESCRIPTOR
+  PhysAlloc() = default;
+  PhysAlloc(const PhysAlloc&) = delete;
+  PhysAlloc& operator=(const PhysAlloc&) = delete;
+  ~PhysAlloc() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// A handle of physical memory and its references (cuMemCreate, Import and
+// RetainAllocationHandle add one, cuMemRelease drops one).
+struct PhysEntry {
+  std::shared_ptr<PhysAlloc> alloc;
+  int refs = 0;
+};
+
+// A device allocation of this process, a peer's allocation mapped here
+// through an IPC handle, or a cuMemMap of physical memory (vmm).
 struct DevMapping {
   uintptr_t base = 0;                // the PROT_NONE mapping: the device pointer
   size_t size = 0;                   // the bytes asked for
@@ -67,6 +91,11 @@ struct DevMapping {
   bool ipc = false;
   std::pair<pid_t, unsigned long long> owner{0, 0};  // IPC: pid and serial
   int ipc_refs = 0;                                  // IPC: opens not yet closed
+  // vmm: base lies in a cuMemAddressReserve range (which owns the PROT_NONE
+  // pages); copies fail until cuMemSetAccess made it accessible.
+  bool vmm = false;
+  bool accessible = true;
+  std::shared_ptr<PhysAlloc> phys;
 
   DevMapping() = default;
   DevMapping(const DevMapping&) = delete;
@@ -75,7 +104,7 @@ struct DevMapping {
   // copy in flight never touches unmapped pages.
   ~DevMapping() {
     if (alias != nullptr) munmap(alias, mapped);
-    if (base != 0) munmap(reinterpret_cast<void*>(base), mapped);
+    if (base != 0 && !vmm) munmap(reinterpret_cast<void*>(base), mapped);
   }
 };
 
@@ -147,6 +176,8 @@ struct State {
   std::map<const Stream*, std::shared_ptr<Stream>> streams;
   std::shared_ptr<Stream> default_stream;  // started on first use
   std::map<const Event*, std::shared_ptr<Event>> events;
+  std::map<unsigned long long, PhysEntry> phys;  // by handle (a serial)
+  std::map<uintptr_t, size_t> reserved;          // cuMemAddressReserve: start -> size
 
   // One lock and condition for all events: streams wait on each other's.
   // Lock order: a Stream's mu, then event_mu.
@@ -170,6 +201,32 @@ CUresult ResolveCopySide(State& s, CUdeviceptr p, size_t n, char** out,
 // Stopping a stream: RequestStop lets its queue drain, JoinWorker waits.
 void RequestStop(Stream& stream);
 void JoinWorker(Stream& stream);
+
+// Entry points of fake_cuda_vmm.cc (virtual memory management).
+CUresult MemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                   const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult MemRelease(CUmemGenericAllocationHandle handle);
+CUresult MemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                           unsigned long long flags);
+CUresult MemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult MemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                unsigned long long flags);
+CUresult MemUnmap(CUdeviceptr ptr, size_t size);
+CUresult MemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count);
+CUresult MemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr);
+CUresult MemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                    CUmemAllocationHandleType type, unsigned long long flags);
+CUresult MemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                      CUmemAllocationHandleType type);
+CUresult MemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                              CUmemGenericAllocationHandle handle);
+CUresult MemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                     CUmemAllocationGranularity_flags option);
+// Live cuMemMap mappings and physical handles, for the controls.
+int LiveVmmMappings();
+int LivePhysAllocs();
+// Drops every physical handle and reservation (Shutdown; s.mu not held).
+void DropVmm(State& s);
 
 // Entry points of fake_cuda_streams.cc.
 CUresult Memcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes);

@@ -32,13 +32,27 @@ uint64_t ProcessToken() {
 
 void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info) {
   std::string handle;
-  if (Status s = device::IpcExport(r.dev.base, r.dev.ordinal, handle); !s.ok()) {
-    HIXL_LOG(WARN) << "shm: no IPC handle for device region " << r.id
-                   << "; local peers cannot reach it: " << s.message();
-    return;
+  Status legacy = device::IpcExport(r.dev.base, r.dev.ordinal, handle);
+  if (!legacy.ok()) {
+    // Memory of cuMemCreate has no legacy handle; peers may get its
+    // physical memory as a descriptor instead, if it was made for that.
+    bool vmm = false, exportable = false;
+    std::string why;
+    Status probe = device::VmmProbe(r.dev.base, r.dev.ordinal, vmm, exportable, why);
+    if (!probe.ok() || !vmm || !exportable) {
+      if (!probe.ok() || !vmm) why = "the driver gives no IPC handle: " + legacy.message();
+      HIXL_LOG(INFO) << "shm: local peers cannot reach device region " << r.id << ": " << why;
+      info = wire::Msg::object();
+      info["none"] = why;
+      return;
+    }
   }
   info = wire::Msg::object();
-  info["ipc"] = auth::Hex(reinterpret_cast<const uint8_t*>(handle.data()), handle.size());
+  if (legacy.ok()) {
+    info["ipc"] = auth::Hex(reinterpret_cast<const uint8_t*>(handle.data()), handle.size());
+  } else {
+    info["vmm"] = true;
+  }
   info["uuid"] = auth::Hex(r.dev.uuid.data(), r.dev.uuid.size());
   info["off"] = static_cast<uint64_t>(r.addr - r.dev.base);
   info["size"] = static_cast<uint64_t>(r.dev.size);
@@ -46,32 +60,51 @@ void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info) {
   info["proc"] = ProcessToken();
 }
 
+Status ExportDeviceRegion(const memory::LocalRegion& r, int& fd) {
+  fd = -1;
+  if (r.type != MemType::MEM_DEVICE) {
+    return Status::ParamInvalid("region " + std::to_string(r.id) + " is not device memory");
+  }
+  return device::VmmExport(r.dev.base, r.dev.ordinal, fd);
+}
+
 struct DeviceImports::Import {
   uintptr_t base = 0;
   int ordinal = -1;
   size_t size = 0;
   bool own = false;  // the peer is this process: nothing was opened
+  bool vmm = false;  // mapped from the peer's descriptor (VmmImport)
   ~Import() {
     if (base == 0 || own) return;
-    if (Status s = device::IpcClose(base, ordinal); !s.ok()) {
+    Status s = vmm ? device::VmmClose(base, size, ordinal) : device::IpcClose(base, ordinal);
+    if (!s.ok()) {
       HIXL_LOG(WARN) << "shm: closing a peer's device memory: " << s.message();
     }
   }
 };
 
-Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info) {
+Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info,
+                              const FetchFd& fetch) {
   const std::string what = "shm: device region " + std::to_string(r.id) + " of " + peer_;
   if (info == nullptr || !info->is_object()) {
     return Status::Unsupported(what + " came without an IPC handle (the peer's driver gave none)");
+  }
+  if (std::string why; wire::GetStr(*info, "none", why, 1024)) {
+    return Status::Unsupported(what + " cannot be opened in another process: " + why);
   }
   std::string ipc_hex, uuid_hex;
   uint64_t off = 0, size = 0, buf = 0;
   std::string handle(64, '\0');
   device::Uuid uuid{};
-  if (!wire::GetStr(*info, "ipc", ipc_hex, 2 * handle.size()) ||
+  bool vmm = false;
+  if (info->contains("vmm") && (!wire::GetBool(*info, "vmm", vmm) || !vmm)) {
+    return Status::Failed(what + ": malformed device entry");
+  }
+  if ((!vmm && (!wire::GetStr(*info, "ipc", ipc_hex, 2 * handle.size()) ||
+                !auth::FromHex(ipc_hex, reinterpret_cast<uint8_t*>(handle.data()),
+                               handle.size()))) ||
       !wire::GetStr(*info, "uuid", uuid_hex, 2 * uuid.size()) || !wire::GetU64(*info, "off", off) ||
       !wire::GetU64(*info, "size", size) || !wire::GetU64(*info, "buf", buf) ||
-      !auth::FromHex(ipc_hex, reinterpret_cast<uint8_t*>(handle.data()), handle.size()) ||
       !auth::FromHex(uuid_hex, uuid.data(), uuid.size())) {
     return Status::Failed(what + ": malformed device entry");
   }
@@ -111,7 +144,20 @@ Status DeviceImports::Prepare(memory::RemoteRegion& r, const wire::Msg* info) {
     }
     if (!imp) {
       auto fresh = std::make_shared<Import>();
-      if (Status s = device::IpcOpen(handle, uuid, fresh->base, fresh->ordinal); !s.ok()) {
+      Status s;
+      if (vmm) {
+        net::Fd fd;
+        s = fetch ? fetch(r.id, fd) : Status::Unsupported("no way to ask the peer");
+        if (s.ok()) {
+          s = device::VmmImport(fd.get(), static_cast<size_t>(size), uuid, fresh->base,
+                                fresh->ordinal);
+        }
+        fresh->vmm = true;
+        fresh->size = static_cast<size_t>(size);
+      } else {
+        s = device::IpcOpen(handle, uuid, fresh->base, fresh->ordinal);
+      }
+      if (!s.ok()) {
         fresh->base = 0;  // nothing to close
         return Status(s.code(), what + ": " + s.message());
       }

@@ -1,5 +1,7 @@
 // The shm transport's part for CUDA device memory (device/cuda.h): a target
-// describes a device region by a legacy IPC handle of its allocation; an
+// describes a device region by a legacy IPC handle of its allocation, or,
+// for memory of cuMemCreate (VMM), as one whose physical memory it passes
+// as a file descriptor over the Unix socket when asked ("getvmm"); an
 // initiator opens each allocation once per link (DeviceImports) and copies
 // with the driver wherever either side is device memory. Two engines of one
 // process use each other's device pointers directly (the driver opens no IPC
@@ -14,11 +16,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "common/net.h"
 #include "common/wire.h"
 #include "hixl/hixl.h"
 #include "memory/local_regions.h"
@@ -26,10 +30,13 @@
 
 namespace hixl::transport::shm {
 
-// Target side: the region's entry for peers (its allocation's IPC handle,
-// the region's offset in it, the device's UUID). Leaves info null when the
-// driver refuses a handle (peers then cannot reach the region).
+// Target side: the region's entry for peers (its allocation's IPC handle or
+// "vmm", the region's offset in it, the device's UUID), or, when peers
+// cannot open it, the reason ("none").
 void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info);
+// Target side: a new descriptor of the physical memory of VMM device region
+// r, for a peer's "getvmm" request (the caller sends and closes it).
+Status ExportDeviceRegion(const memory::LocalRegion& r, int& fd);
 
 // Initiator side: the peer's device allocations opened in this process, by
 // the peer's buffer id (never reused by the peer, so memory it freed and
@@ -38,9 +45,12 @@ void DescribeDeviceRegion(const memory::LocalRegion& r, wire::Msg& info);
 class DeviceImports {
  public:
   explicit DeviceImports(std::string peer) : peer_(std::move(peer)) {}
+  // Asks the peer for region id's physical memory (VMM), over the link's
+  // Unix socket.
+  using FetchFd = std::function<Status(uint64_t id, net::Fd& fd)>;
   // Makes the device region r reachable: r.mapped is then this process's
   // pointer to its first byte, on device r.device_ordinal.
-  Status Prepare(memory::RemoteRegion& r, const wire::Msg* info);
+  Status Prepare(memory::RemoteRegion& r, const wire::Msg* info, const FetchFd& fetch);
 
  private:
   struct Import;

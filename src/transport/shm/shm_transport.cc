@@ -271,7 +271,8 @@ void ShmTransport::Serve() {
         memory::SharedPart part;
         bool token_ok = false;
         const bool ring_req = type == "getring";
-        if ((type == "getfd" || ring_req) && wire::GetU64(req, "token", token) &&
+        const bool vmm_req = type == "getvmm";
+        if ((type == "getfd" || ring_req || vmm_req) && wire::GetU64(req, "token", token) &&
             wire::GetU64(req, "id", id) && (!ring_req || id == kRingRequestId)) {
           std::lock_guard<std::mutex> lock(mu_);
           auto it = tokens_.find(token);
@@ -299,8 +300,20 @@ void ShmTransport::Serve() {
           keep.push_back(std::move(conns[i]));
           continue;
         }
-        part = ctx_.regions->DupShared(id);
-        if (part.fd < 0) {
+        if (vmm_req) {
+          // A device region's physical memory (cuMemCreate), as a descriptor.
+          std::optional<memory::LocalRegion> reg = ctx_.regions->Find(id);
+          Status e = reg ? ExportDeviceRegion(*reg, part.fd)
+                         : Status::ParamInvalid("region " + std::to_string(id) +
+                                                " is not registered");
+          if (e.ok()) {
+            reply["t"] = "vmm";
+            reply["id"] = id;
+          } else {
+            reply["t"] = "err";
+            reply["reason"] = e.message();
+          }
+        } else if ((part = ctx_.regions->DupShared(id)).fd < 0) {
           reply["t"] = "err";
           reply["reason"] =
               "region " + std::to_string(id) + " is not a registered shareable region";
@@ -369,6 +382,8 @@ class ShmChannel final : public Channel {
   }
 
   Status PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) override;
+  // The physical memory of the peer's VMM device region id, as a descriptor.
+  Status FetchVmm(uint64_t id, net::Fd& fd);
   void Submit(const std::shared_ptr<Transfer>& t, bool caller_waits) override;
   size_t InlineLimit() const override { return kInlineBytes; }
   Status RunInline(TransferOp op, const memory::Slice* slices, size_t n,
@@ -510,8 +525,39 @@ Status ShmTransport::Connect(const PeerInfo& peer, net::Deadline deadline,
   return Status::Ok();
 }
 
+Status ShmChannel::FetchVmm(uint64_t id, net::Fd& fd) {
+  wire::Msg req = wire::Msg::object();
+  req["t"] = "getvmm";
+  req["token"] = token_;
+  req["id"] = id;
+  if (keyed_) {
+    const auth::Tag tag = ShmRequestTag(key_, token_, id);
+    req["tag"] = auth::Hex(tag.data(), tag.size());
+  }
+  wire::Msg reply;
+  {
+    std::lock_guard<std::mutex> lock(uds_mu_);
+    if (Status s = Ask(uds_.get(), req, reply, fd, net::DeadlineAfterMs(2000)); !s.ok()) {
+      return Status::Failed("asking " + engine_ + " for its memory: " + s.message());
+    }
+  }
+  std::string type;
+  uint64_t got = 0;
+  wire::GetStr(reply, "t", type, 16);
+  if (type != "vmm" || !wire::GetU64(reply, "id", got) || got != id || !fd.valid()) {
+    std::string reason;
+    wire::GetStr(reply, "reason", reason);
+    fd = net::Fd();
+    return Status::Failed("peer " + engine_ + " did not pass its memory" +
+                          (reason.empty() ? "" : ": " + reason));
+  }
+  return Status::Ok();
+}
+
 Status ShmChannel::PrepareRegion(memory::RemoteRegion& r, const wire::Msg* info) {
-  if (r.device) return imports_.Prepare(r, info);
+  if (r.device) {
+    return imports_.Prepare(r, info, [this](uint64_t id, net::Fd& fd) { return FetchVmm(id, fd); });
+  }
   if (!r.shareable) return Status::Ok();
   wire::Msg req = wire::Msg::object();
   req["t"] = "getfd";
