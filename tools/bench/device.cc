@@ -3,6 +3,8 @@
 //   d2d shm  write/read   local device <-> the target's device (another
 //                         process, legacy IPC)  vs  cuMemcpy device->device
 //                         inside this process
+//   vmm shm  write/read   the same with the target's memory from cuMemCreate
+//                         (mapped here from the fd it passes)  vs  the same
 //   d2h shm  write        local device -> the target's host memory
 //                         vs  cuMemcpy device->host (pageable) in-process
 //   h2d shm  read         the target's host memory -> local device
@@ -39,7 +41,8 @@ using Driver = hixl::device::DriverClient;
 struct Side {
   std::string transport;
   Child dev_child{"the device target"}, host_child{"the host target"};
-  Target dev_target, host_target;
+  Child vmm_child{"the VMM device target"};
+  Target dev_target, host_target, vmm_target;  // vmm_target: shm only
   hixl::Hixl engine;
   uint8_t* local_dev = nullptr;
 
@@ -48,11 +51,13 @@ struct Side {
     to.transport = t;
     dev_target = StartTarget(dev_child, to, "cuda");
     host_target = StartTarget(host_child, to, "alloc");
+    if (t == "shm") vmm_target = StartTarget(vmm_child, to, "cuda-vmm");
     Check(engine.Initialize("127.0.0.1",
                             WithEngineOpts(o, {{hixl::options::kLinkType, LinkTypeOption(t)}})),
           "Initialize (" + t + ")");
     Check(engine.Connect(dev_target.engine, 10000), "Connect to the device target (" + t + ")");
     Check(engine.Connect(host_target.engine, 10000), "Connect to the host target (" + t + ")");
+    if (t == "shm") Check(engine.Connect(vmm_target.engine, 10000), "Connect to the VMM target");
     void* p = nullptr;
     Check(engine.AllocMem(len, hixl::MemType::MEM_DEVICE, &p), "AllocMem(MEM_DEVICE)");
     local_dev = static_cast<uint8_t*>(p);
@@ -140,11 +145,14 @@ int RunDevice(const Options& o) {
       };
     };
     // A row moving n bytes between side's local device memory and target
-    // (its device target when dev_target, else its host target).
-    auto row = [&](const char* path, Side& side, bool dev_target, TransferOp op,
+    // (which: 'd' its device target, 'v' its VMM device target, 'h' its host
+    // target).
+    auto row = [&](const char* path, Side& side, char which, TransferOp op,
                    const char* baseline, std::function<void()> base) {
-      const Target& t = dev_target ? side.dev_target : side.host_target;
-      Child& child = dev_target ? side.dev_child : side.host_child;
+      const Target& t = which == 'd'   ? side.dev_target
+                        : which == 'v' ? side.vmm_target
+                                       : side.host_target;
+      Child& child = which == 'd' ? side.dev_child : which == 'v' ? side.vmm_child : side.host_child;
       uint8_t* local = side.local_dev;
       const std::string where = std::string(path) + " " + side.transport +
                                 (op == TransferOp::WRITE ? " write" : " read");
@@ -172,14 +180,16 @@ int RunDevice(const Options& o) {
     };
     const char* d2d = "in-process cuMemcpy device->device";
     std::vector<Row> rows = {
-        row("d2d", shm, true, TransferOp::WRITE, d2d, copy(b, a)),
-        row("d2d", shm, true, TransferOp::READ, d2d, copy(a, b)),
-        row("d2h", shm, false, TransferOp::WRITE, "in-process cuMemcpy device->host (pageable)",
+        row("d2d", shm, 'd', TransferOp::WRITE, d2d, copy(b, a)),
+        row("d2d", shm, 'd', TransferOp::READ, d2d, copy(a, b)),
+        row("vmm", shm, 'v', TransferOp::WRITE, d2d, copy(b, a)),
+        row("vmm", shm, 'v', TransferOp::READ, d2d, copy(a, b)),
+        row("d2h", shm, 'h', TransferOp::WRITE, "in-process cuMemcpy device->host (pageable)",
             copy(host.data(), a)),
-        row("h2d", shm, false, TransferOp::READ, "in-process cuMemcpy host (pageable)->device",
+        row("h2d", shm, 'h', TransferOp::READ, "in-process cuMemcpy host (pageable)->device",
             copy(a, host.data())),
-        row("d2d", tcp, true, TransferOp::WRITE, "hixl tcp host->host", tcp_host(TransferOp::WRITE)),
-        row("d2d", tcp, true, TransferOp::READ, "hixl tcp host->host", tcp_host(TransferOp::READ)),
+        row("d2d", tcp, 'd', TransferOp::WRITE, "hixl tcp host->host", tcp_host(TransferOp::WRITE)),
+        row("d2d", tcp, 'd', TransferOp::READ, "hixl tcp host->host", tcp_host(TransferOp::READ)),
     };
     for (Row& r : rows) {
       if (r.op == TransferOp::WRITE ? !o.do_write : !o.do_read) continue;

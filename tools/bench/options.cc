@@ -152,9 +152,11 @@ Options ParseArgs(int argc, char** argv) {
         if (v == "both") kinds = {"alloc", "malloc"};
         if (v == "all") kinds = {"alloc", "malloc", "memfd", "inplace"};
         for (const std::string& k : kinds) {
-          // cuda: the target's device memory, for --device (which starts its
-          // targets with it); the sweep's own checks are host-only.
-          if (k != "alloc" && k != "malloc" && k != "memfd" && k != "inplace" && k != "cuda")
+          // cuda, cuda-vmm: the target's device memory (cuMemAlloc, or
+          // cuMemCreate shared as an fd), for --device (which starts its
+          // targets with them); the sweep's own checks are host-only.
+          if (k != "alloc" && k != "malloc" && k != "memfd" && k != "inplace" && k != "cuda" &&
+              k != "cuda-vmm")
             Fail("--mem must be alloc, malloc, memfd, inplace, both or all (or a comma list)");
           if (std::find(o.mems.begin(), o.mems.end(), k) == o.mems.end()) o.mems.push_back(k);
         }
@@ -214,7 +216,8 @@ Options ParseArgs(int argc, char** argv) {
       Fail("unknown option '" + a + "'");
     }
   }
-  if (!o.serve && std::find(o.mems.begin(), o.mems.end(), "cuda") != o.mems.end())
+  if (!o.serve && (std::find(o.mems.begin(), o.mems.end(), "cuda") != o.mems.end() ||
+                   std::find(o.mems.begin(), o.mems.end(), "cuda-vmm") != o.mems.end()))
     Fail("--mem cuda is the target's memory of --device; run --device for device memory");
   // ucx has no thread/lane option: one engine unless --threads asks for more.
   if (o.transport == "ucx" && !o.threads_given) o.threads = {1};

@@ -171,6 +171,17 @@ class Region {
       data_ = static_cast<uint8_t*>(p);
       return;
     }
+    if (mem == "cuda-vmm") {  // the application's cuMemCreate memory, shareable as an fd
+      auto& cuda = hixl::device::DriverClient::Get();
+      const uintptr_t p = cuda.ok() ? cuda.AllocVmm(len, true, &vmm_size_) : 0;
+      if (p == 0) Fail("the target's cuMemCreate memory (--mem cuda-vmm) could not be made");
+      device_ = true;
+      data_ = reinterpret_cast<uint8_t*>(p);
+      Check(engine.RegisterMem({p, len}, hixl::MemType::MEM_DEVICE, handle_,
+                               hixl::MEM_PERM_READ_WRITE),
+            "target RegisterMem (cuda-vmm)");
+      return;
+    }
     uint32_t flags = hixl::REGISTER_DEFAULT;
     if (mem == "malloc") {  // private heap memory: peers reach it by cross-memory attach
       malloced_ = static_cast<uint8_t*>(std::malloc(len));
@@ -233,6 +244,10 @@ class Region {
       if (check) Check(st, "target DeregisterMem");
     }
     if (mapped_) munmap(data_, len_);
+    if (vmm_size_ != 0) {
+      hixl::device::DriverClient::Get().FreeVmm(reinterpret_cast<uintptr_t>(data_), vmm_size_);
+      vmm_size_ = 0;
+    }
     if (memfd_ >= 0) close(memfd_);
     std::free(malloced_);
     mapped_ = false;
@@ -253,6 +268,7 @@ class Region {
   uint8_t* data_ = nullptr;
   uint8_t* malloced_ = nullptr;
   bool mapped_ = false;
+  size_t vmm_size_ = 0;  // cuda-vmm: the mapped size, for FreeVmm
   bool device_ = false;
   int memfd_ = -1;
   hixl::MemHandle handle_ = 0;
