@@ -269,6 +269,12 @@ class Hixl::Impl {
                   const std::optional<auth::Key>& link_key, net::Deadline deadline,
                   std::shared_ptr<Peer>& out);
   void AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions);
+  // peer.channel's transport cannot reach device memory (UCX without CUDA):
+  // pairs it with tcp lanes to the same peer, opened on the first transfer
+  // that touches device memory (transport/device_lanes.h). Left alone where
+  // the peer offers no tcp endpoint (device transfers are then refused).
+  void PairWithDeviceLanes(Peer& peer, const transport::PeerInfo& info,
+                           const control::Welcome& w, const std::optional<auth::Key>& link_key);
   void BroadcastRegionAdd(std::vector<control::RegionDesc> regions);
   // r's entry for peers, with each transport's part (Transport::DescribeRegion).
   control::RegionDesc ToDesc(const memory::LocalRegion& r) const;

@@ -11,6 +11,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "engine/engine.h"
+#include "transport/device_lanes.h"
 
 namespace hixl {
 
@@ -138,6 +139,7 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
     Status s = t->Connect(info, deadline, peer->channel);
     if (s.ok()) {
       peer->channel_transport = t->name();
+      if (!t->ReachesDeviceMemory()) PairWithDeviceLanes(*peer, info, w, link_key);
       break;
     }
     reasons += (reasons.empty() ? "" : "; ") + s.message();
@@ -151,6 +153,40 @@ Status Hixl::Impl::MakePeer(const std::string& name, const std::string& address,
   AddRemoteRegions(*peer, w.regions);
   out = std::move(peer);
   return Status::Ok();
+}
+
+void Hixl::Impl::PairWithDeviceLanes(Peer& peer, const transport::PeerInfo& info,
+                                      const control::Welcome& w,
+                                      const std::optional<auth::Key>& link_key) {
+  transport::Transport* tcp = nullptr;
+  for (auto& t : transports_) {
+    if (t->link_type() == LinkType::TCP) tcp = t.get();
+  }
+  auto it = w.transports.find("tcp");
+  if (tcp == nullptr || it == w.transports.end()) return;  // device transfers are refused
+  transport::PeerInfo p = info;
+  auto section = std::make_shared<const wire::Msg>(*it);
+  auto key = link_key ? std::make_shared<const auth::Key>(*link_key) : nullptr;
+  p.info = nullptr;
+  p.link_key = nullptr;
+  p.chosen = true;
+  std::string why;
+  {
+    transport::PeerInfo probe = p;
+    probe.info = section.get();
+    if (!tcp->CanReach(probe, why)) return;
+  }
+  // The tcp transport outlives every channel: Finalize closes the peers'
+  // channels (no opening after that) before it stops the transports.
+  auto open = [tcp, p, section, key](net::Deadline deadline,
+                                     std::unique_ptr<transport::Channel>& out) {
+    transport::PeerInfo q = p;
+    q.info = section.get();
+    q.link_key = key.get();
+    return tcp->Connect(q, deadline, out);
+  };
+  peer.channel = std::make_unique<transport::DeviceLanesChannel>(
+      std::move(peer.channel), LinkType::TCP, std::move(open), peer.name);
 }
 
 void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions) {

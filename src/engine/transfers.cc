@@ -134,23 +134,27 @@ Status Hixl::Impl::CheckDevice(const Peer& peer, const std::string& remote,
     }
     const memory::RemoteRegion& g = *s.region;
     if (g.device) {
-      const LinkType link = peer.channel->link_type();
+      const LinkType link = peer.channel->device_link_type();
       if ((link != LinkType::SHM && link != LinkType::TCP) ||
           (link == LinkType::SHM && g.mapped == nullptr)) {
         return Status::Unsupported(
             where() + ": region " + std::to_string(g.id) + " of the peer is device memory, which " +
             "this link cannot reach" + (g.unreachable.empty() ? "" : " (" + g.unreachable + ")") +
-            "; device memory moves over shm and tcp links in this version");
+            "; device memory moves over shm and tcp links (and UCX links through tcp lanes) in "
+            "this version");
       }
       any = true;
     }
   }
-  const LinkType link = peer.channel->link_type();
+  const LinkType link = peer.channel->device_link_type();
   if (any && link != LinkType::SHM && link != LinkType::TCP) {
     return Status::Unsupported("transfer to " + remote +
-                               ": device memory moves over shm and tcp links in this version; "
-                               "this link is " +
-                               LinkTypeName(link));
+                               ": device memory moves over shm and tcp links (and over UCX links "
+                               "through tcp lanes) in this version; this link is " +
+                               LinkTypeName(peer.channel->link_type()) +
+                               (peer.channel->link_type() == LinkType::UCX
+                                    ? " and the peer offers no tcp endpoint"
+                                    : ""));
   }
   return Status::Ok();
 }
@@ -160,10 +164,13 @@ bool Hixl::Impl::CanRunInline(const Peer& peer, const std::vector<memory::Slice>
   if (args.notify || args.stream != nullptr) return false;
   if (!caller_waits && peer.channel->InlineMayWait()) return false;
   const size_t limit = peer.channel->InlineLimit();
+  // Device transfers of a link that sends them elsewhere go through Submit.
+  const bool elsewhere = peer.channel->device_link_type() != peer.channel->link_type();
   size_t bytes = 0;
   for (const auto& s : slices) {
     bytes += s.len;
     if (bytes > limit) return false;
+    if (elsewhere && (s.local_device >= 0 || s.region->device)) return false;
   }
   return true;
 }

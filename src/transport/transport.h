@@ -119,6 +119,9 @@ class Channel {
  public:
   virtual ~Channel() = default;
   virtual LinkType link_type() const = 0;
+  // The link whose rules device memory follows on this channel: link_type(),
+  // unless device transfers go elsewhere (DeviceLanesChannel).
+  virtual LinkType device_link_type() const { return link_type(); }
   // Makes a remote region usable (e.g. maps the peer's shared memory) before
   // the engine publishes it to transfers. info: this transport's part of the
   // region's entry (Transport::DescribeRegion on the target), or null.
@@ -181,6 +184,9 @@ class Transport {
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
   virtual LinkType link_type() const = 0;
+  // Its channels can reach CUDA device memory (the engine pairs those that
+  // cannot with tcp lanes for it: DeviceLanesChannel).
+  virtual bool ReachesDeviceMemory() const { return true; }
   virtual Status Start() = 0;
   // After Start: what it runs on, for diagnostics (e.g. UCX's version and
   // transports); may be empty.

@@ -210,7 +210,7 @@ TEST_P(DeviceCApi, TransfersOnAStreamWaitForIt) {
   EXPECT_ST(HIXL_SUCCESS, hixlFreeMemory(init_, mine));
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, DeviceCApi, ::testing::Values("SHM", "TCP"),
+INSTANTIATE_TEST_SUITE_P(Links, DeviceCApi, HIXL_DEVICE_LINKS,
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

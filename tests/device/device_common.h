@@ -68,6 +68,14 @@ inline void FailCopiesAfter(long long n) {
   Control<void (*)(long long)>("hixl_fake_cuda_fail_copies_after")(n);
 }
 
+// The links device memory moves over, as LinkType names: shm, tcp and, in
+// builds with UCX, UCX (whose device transfers take tcp lanes to the peer).
+#if defined(HIXL_TEST_UCX)
+#define HIXL_DEVICE_LINKS ::testing::Values("SHM", "TCP", "UCX")
+#else
+#define HIXL_DEVICE_LINKS ::testing::Values("SHM", "TCP")
+#endif
+
 // Waits (bounded) until pred holds.
 template <typename P>
 bool Eventually(P pred, int ms = 5000) {

@@ -108,7 +108,11 @@ ld::ClusterInfo Info(const ld::LlmDataDist& to) {
   return ci;
 }
 
-// Param: the engines' LinkType (SHM, TCP).
+// Param: the engines' LinkType (SHM, TCP). Not UCX: both engines live in
+// this process, and over UCX without RDMA hardware the owner's progress
+// thread serves the other's reads of LLM-DataDist's metadata page by
+// emulation, ordered by UCX messages ThreadSanitizer cannot see; UCX's
+// device path is the engine's, tested across processes in DeviceStaged.
 class DeviceDataDist : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {

@@ -166,7 +166,7 @@ TEST_P(DeviceLinks, TransfersWaitForTheApplicationsStream) {
   HIXL_ASSERT_OK(e_.FreeMem(mine_));
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, DeviceLinks, ::testing::Values("SHM", "TCP"),
+INSTANTIATE_TEST_SUITE_P(Links, DeviceLinks, HIXL_DEVICE_LINKS,
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

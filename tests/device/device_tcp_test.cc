@@ -1,13 +1,16 @@
-// CUDA device memory over tcp links: the bytes pass through host staging
-// buffers (the initiator copies a device WRITE out before sending it and a
-// READ reply into the device after receiving it; the target does the same
-// on its side), in steps of 4 MiB. Against the fake driver, whose device
-// memory faults on any CPU access: a socket call made straight on device
-// memory crashes the test.
+// CUDA device memory over links that stage it through host buffers: tcp
+// (the initiator copies a device WRITE out before sending it and a READ
+// reply into the device after receiving it; the target does the same on its
+// side, in steps of 4 MiB), and UCX, whose device transfers run on tcp lanes
+// to the same peer opened on first use (Debian's UCX has no CUDA support;
+// transport/device_lanes.h) while host transfers stay on UCX. Against the
+// fake driver, whose device memory faults on any CPU access: a socket call
+// or UCX put made straight on device memory crashes the test.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,11 +21,14 @@ namespace {
 
 using namespace hixl_device_test;  // NOLINT: the shared helpers
 
-class DeviceTcp : public DeviceShm {};
+class DeviceStaged : public DeviceShm, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void LinkParam(std::map<std::string, std::string> opts = {}) { Link(GetParam(), opts); }
+};
 
 constexpr size_t kSlice = 8u << 20;  // slices of 8 MiB: two staging steps each
 
-TEST_F(DeviceTcp, HostAndDeviceMemoryEveryWay) {
+TEST_P(DeviceStaged, HostAndDeviceMemoryEveryWay) {
   const size_t n = (9u << 20) / hixl_test::kSanitizerDivisor + 13;
   // The peer's device region starts inside a larger allocation.
   const uintptr_t pd =
@@ -30,7 +36,7 @@ TEST_F(DeviceTcp, HostAndDeviceMemoryEveryWay) {
   const uintptr_t ph = Num(peer_.Send("reg ph " + std::to_string(n)));
   ASSERT_NE(pd, 0u);
   ASSERT_NE(ph, 0u);
-  Link("TCP", {{hixl::options::kTcpSliceSize, std::to_string(kSlice)}});
+  LinkParam({{hixl::options::kTcpSliceSize, std::to_string(kSlice)}});
   std::vector<unsigned char> host(n);
   hixl_test::FillPattern(host.data(), n, 7);
   const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
@@ -88,11 +94,11 @@ TEST_F(DeviceTcp, HostAndDeviceMemoryEveryWay) {
   HIXL_ASSERT_OK(e_.FreeMem(mine));
 }
 
-TEST_F(DeviceTcp, FailedCopiesOnEitherSideEndFailedAndTheLinkGoesOn) {
+TEST_P(DeviceStaged, FailedCopiesOnEitherSideEndFailedAndTheLinkGoesOn) {
   SKIP_ON_REAL_DRIVER();
   const size_t n = 3u << 20;  // three slices of the default 1 MiB
   const uintptr_t d = Num(peer_.Send("devalloc d " + std::to_string(n)));
-  Link("TCP");
+  LinkParam();
   ASSERT_TRUE(peer_.Ok("fill d 0x33"));
   const std::string before = peer_.Hash("d", 0, n);
   void* mine = nullptr;
@@ -138,12 +144,12 @@ TEST_F(DeviceTcp, FailedCopiesOnEitherSideEndFailedAndTheLinkGoesOn) {
 // pieces, so the control thread's health poll (which takes it) keeps the
 // link's heartbeats going. Held for the whole transfer, the lock stopped
 // them for longer than the peer waits (here 3 x 100 ms): the link dropped.
-TEST_F(DeviceTcp, ManySmallDevicePiecesKeepTheLinksHeartbeats) {
+TEST_P(DeviceStaged, ManySmallDevicePiecesKeepTheLinksHeartbeats) {
   SKIP_ON_REAL_DRIVER();
   constexpr size_t kPiece = 512, kPieces = 3000, n = kPiece * kPieces;
   const uintptr_t ph = Num(peer_.Send("reg ph " + std::to_string(n)));
   ASSERT_NE(ph, 0u);
-  Link("TCP", {{hixl::options::kHeartbeatIntervalMs, "100"}});
+  LinkParam({{hixl::options::kHeartbeatIntervalMs, "100"}});
   void* mine = nullptr;
   HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
   const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
@@ -169,11 +175,11 @@ TEST_F(DeviceTcp, ManySmallDevicePiecesKeepTheLinksHeartbeats) {
   HIXL_ASSERT_OK(e_.FreeMem(mine));
 }
 
-TEST_F(DeviceTcp, TimedOutTransfersWriteNothingLater) {
+TEST_P(DeviceStaged, TimedOutTransfersWriteNothingLater) {
   SKIP_ON_REAL_DRIVER();
   const size_t n = 1u << 20;
   const uintptr_t d = Num(peer_.Send("devalloc d " + std::to_string(n)));
-  Link("TCP");
+  LinkParam();
   ASSERT_TRUE(peer_.Ok("fill d 0x21"));
   void* mine = nullptr;
   HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
@@ -212,24 +218,90 @@ TEST_F(DeviceTcp, TimedOutTransfersWriteNothingLater) {
   HIXL_ASSERT_OK(e_.FreeMem(mine));
 }
 
+INSTANTIATE_TEST_SUITE_P(Links, DeviceStaged,
 #if defined(HIXL_TEST_UCX)
-TEST_F(DeviceTcp, UcxLinkRefusesDeviceMemoryAndStillMovesHostMemory) {
-  const uintptr_t d = Num(peer_.Send("devalloc d 4096"));
-  const uintptr_t r = Num(peer_.Send("reg r 4096"));
+                         ::testing::Values("TCP", "UCX"),
+#else
+                         ::testing::Values("TCP"),
+#endif
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
+
+#if defined(HIXL_TEST_UCX)
+class DeviceUcx : public DeviceShm {};
+
+// Host transfers of a UCX link stay on UCX, device transfers take its tcp
+// lanes, and a notification sent with a device WRITE arrives after the data.
+TEST_F(DeviceUcx, HostStaysOnUcxAndNotificationsFollowDeviceData) {
+  const size_t n = 1u << 20;
+  const uintptr_t d = Num(peer_.Send("devalloc d " + std::to_string(n)));
+  const uintptr_t r = Num(peer_.Send("reg r " + std::to_string(n)));
+  ASSERT_NE(d, 0u);
+  ASSERT_NE(r, 0u);
   Link("UCX");
-  ASSERT_TRUE(peer_.Ok("fill d 0x11"));
-  std::vector<unsigned char> host(4096, 0x77);
+  hixl::LinkType type = hixl::LinkType::AUTO;
+  HIXL_ASSERT_OK(e_.GetLinkType(peer_.engine(), type));
+  EXPECT_EQ(type, hixl::LinkType::UCX);
+  std::vector<unsigned char> host(n);
+  hixl_test::FillPattern(host.data(), n, 31);
   const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
-  hixl::Status s = Move(TransferOp::WRITE, {{h, d, 4096}});
-  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, r, n}}));
+  EXPECT_EQ(peer_.Hash("r", 0, n), Hash(host.data(), n));
+
   void* mine = nullptr;
-  HIXL_ASSERT_OK(e_.AllocMem(4096, MemType::MEM_DEVICE, &mine));
-  s = Move(TransferOp::WRITE, {{reinterpret_cast<uintptr_t>(mine), r, 4096}});
-  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
-  std::vector<unsigned char> ones(4096, 0x11);
-  EXPECT_EQ(peer_.Hash("d", 0, 4096), Hash(ones.data(), 4096));
-  HIXL_ASSERT_OK(Move(TransferOp::WRITE, {{h, r, 4096}}));
-  EXPECT_EQ(peer_.Hash("r", 0, 4096), Hash(host.data(), 4096));
+  HIXL_ASSERT_OK(e_.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+  ASSERT_TRUE(DevFillPattern(ld, n, 32));
+  // Host and device pieces in one WRITE, with a notification: the transfer
+  // ends once the notification was delivered, after the data.
+  const size_t half = n / 2;
+  std::vector<unsigned char> want(n);
+  hixl_test::FillPattern(want.data(), n, 32);
+  std::memcpy(want.data(), host.data(), half);
+  hixl::TransferArgs args;
+  hixl::NotifyDesc note;
+  note.name = "kv";
+  note.notify_msg = "m1";
+  args.notify = note;
+  HIXL_ASSERT_OK(e_.TransferSync(peer_.engine(), TransferOp::WRITE,
+                                 {{h, d, half}, {ld + half, d + half, n - half}}, args, 10000));
+  EXPECT_EQ(peer_.Send("getnotifies"), "OK 1 kv=m1");
+  EXPECT_EQ(peer_.Hash("d", 0, n), Hash(want.data(), n));
+
+  // Host transfers after device ones still work (and stay on UCX).
+  HIXL_ASSERT_OK(Move(TransferOp::READ, {{h, r, n}}));
+  EXPECT_EQ(Hash(host.data(), n), PatternHash(n, 31));
+  HIXL_ASSERT_OK(e_.GetLinkType(peer_.engine(), type));
+  EXPECT_EQ(type, hixl::LinkType::UCX);
+  HIXL_ASSERT_OK(e_.FreeMem(mine));
+}
+
+// On an authenticated link the tcp lanes prove the link key like any tcp
+// lane; a lane hello without it is refused (auth_test covers tcp links).
+TEST(DeviceUcxAuth, TcpLanesOfAnAuthenticatedUcxLinkCarryDeviceBytes) {
+  ASSERT_TRUE(TestCuda::Get().ok()) << TestCuda::Get().error();
+  const std::string secret = "device-lanes-secret-0123456789";
+  PeerProcess peer({std::string(hixl::options::kAuthSecret) + "=" + secret});
+  ASSERT_TRUE(peer.Start());
+  const size_t n = 256u << 10;
+  const uintptr_t d = Num(peer.Send("devalloc d " + std::to_string(n)));
+  ASSERT_NE(d, 0u);
+  hixl::Hixl e;
+  HIXL_ASSERT_OK(e.Initialize("127.0.0.1", {{hixl::options::kLinkType, "UCX"},
+                                            {hixl::options::kAuthSecret, secret}}));
+  HIXL_ASSERT_OK(e.Connect(peer.engine(), 5000));
+  void* mine = nullptr;
+  HIXL_ASSERT_OK(e.AllocMem(n, MemType::MEM_DEVICE, &mine));
+  const uintptr_t ld = reinterpret_cast<uintptr_t>(mine);
+  ASSERT_TRUE(DevFillPattern(ld, n, 41));
+  HIXL_ASSERT_OK(e.TransferSync(peer.engine(), TransferOp::WRITE, {{ld, d, n}}, 10000));
+  EXPECT_EQ(peer.Hash("d", 0, n), PatternHash(n, 41));
+  ASSERT_TRUE(peer.Ok("fillpat d 42"));
+  HIXL_ASSERT_OK(e.TransferSync(peer.engine(), TransferOp::READ, {{ld, d, n}}, 10000));
+  EXPECT_EQ(DevHash(ld, n), PatternHash(n, 42));
+  HIXL_ASSERT_OK(e.FreeMem(mine));
+  e.Finalize();
 }
 #endif
 

@@ -12,6 +12,9 @@
 //   d2d tcp  write/read   local device <-> the target's device over tcp
 //                         (staged through host buffers on both sides)
 //                         vs  hixl's tcp host->host of the same size
+//   d2d ucx  write/read   the same over a UCX link (builds with UCX), whose
+//                         device transfers take tcp lanes to the target
+//                         vs  d2d over a tcp link (the routing's cost)
 // The driver is HIXL_CUDA_DRIVER's (default libcuda.so.1). Against the fake
 // driver of tests/fake_cuda the figures measure hixl's overhead around the
 // copies, not hardware.
@@ -125,6 +128,9 @@ int RunDevice(const Options& o) {
   const size_t len = *std::max_element(sizes.begin(), sizes.end());
 
   Side shm(o, "shm", len), tcp(o, "tcp", len);
+#ifdef HIXL_HAVE_UCX
+  auto ucx = std::make_unique<Side>(o, "ucx", len);
+#endif
   // In-process baselines: two device buffers and a host buffer of the driver.
   const uintptr_t dev_a = cuda.Alloc(len), dev_b = cuda.Alloc(len);
   if (dev_a == 0 || dev_b == 0) Fail("cuMemAlloc of " + HumanSize(len) + " failed");
@@ -170,8 +176,7 @@ int RunDevice(const Options& o) {
           DevExpect(local, n, seed, where);
         }
       };
-      return Row{path, side.transport == "shm" ? "shm" : "tcp", op, baseline, move, std::move(base),
-                 verify};
+      return Row{path, side.transport.c_str(), op, baseline, move, std::move(base), verify};
     };
     auto tcp_host = [&](TransferOp op) {
       return [&tcp, &host_tcp, op, n] {
@@ -191,6 +196,16 @@ int RunDevice(const Options& o) {
         row("d2d", tcp, 'd', TransferOp::WRITE, "hixl tcp host->host", tcp_host(TransferOp::WRITE)),
         row("d2d", tcp, 'd', TransferOp::READ, "hixl tcp host->host", tcp_host(TransferOp::READ)),
     };
+#ifdef HIXL_HAVE_UCX
+    auto tcp_dev = [&tcp, n](TransferOp op) {
+      return [&tcp, op, n] {
+        Move(tcp.engine, tcp.dev_target, op, reinterpret_cast<uintptr_t>(tcp.local_dev), n);
+      };
+    };
+    const char* d2d_tcp = "hixl tcp device->device";
+    rows.push_back(row("d2d", *ucx, 'd', TransferOp::WRITE, d2d_tcp, tcp_dev(TransferOp::WRITE)));
+    rows.push_back(row("d2d", *ucx, 'd', TransferOp::READ, d2d_tcp, tcp_dev(TransferOp::READ)));
+#endif
     for (Row& r : rows) {
       if (r.op == TransferOp::WRITE ? !o.do_write : !o.do_read) continue;
       r.hixl();  // warm-up: links, imports, staging buffers

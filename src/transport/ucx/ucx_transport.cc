@@ -28,6 +28,9 @@ class UcxTransport : public Transport {
 
   const char* name() const override { return "ucx"; }
   LinkType link_type() const override { return LinkType::UCX; }
+  // Debian's UCX has no CUDA support: device memory of a UCX link moves
+  // over tcp lanes to the same peer (the engine's DeviceLanesChannel).
+  bool ReachesDeviceMemory() const override { return false; }
 
   Status Start() override {
     if (Status s = Worker::Create(worker_); !s.ok()) return s;
@@ -130,7 +133,7 @@ class UcxTransport : public Transport {
 
   Status AddRegion(const memory::LocalRegion& r) override {
     // Debian's UCX has no CUDA support: device memory is not mapped (peers
-    // get no remote key for it, and the engine refuses it over UCX links).
+    // get no remote key for it and reach it over tcp lanes instead).
     if (r.type != MemType::MEM_HOST) return Status::Ok();
     {
       // Memory UCX allocated is mapped already, with remote access both
