@@ -186,7 +186,8 @@ void Hixl::Impl::PairWithDeviceLanes(Peer& peer, const transport::PeerInfo& info
     return tcp->Connect(q, deadline, out);
   };
   peer.channel = std::make_unique<transport::DeviceLanesChannel>(
-      std::move(peer.channel), LinkType::TCP, std::move(open), peer.name);
+      std::move(peer.channel), LinkType::TCP, std::move(open), peer.name,
+      std::chrono::milliseconds(opts_.handshake_timeout_ms));
 }
 
 void Hixl::Impl::AddRemoteRegions(Peer& peer, const std::vector<control::RegionDesc>& regions) {

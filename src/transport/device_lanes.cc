@@ -2,6 +2,7 @@
 // opened on first use (device_lanes.h).
 #include "transport/device_lanes.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "transport/transfer.h"
@@ -16,11 +17,13 @@ bool TouchesDevice(const memory::Slice* s, size_t n) {
 }
 
 DeviceLanesChannel::DeviceLanesChannel(std::unique_ptr<Channel> main, LinkType device_link,
-                                       Opener open, std::string engine)
+                                       Opener open, std::string engine,
+                                       std::chrono::milliseconds open_bound)
     : main_(std::move(main)),
       device_link_(device_link),
       open_(std::move(open)),
-      engine_(std::move(engine)) {}
+      engine_(std::move(engine)),
+      open_bound_(open_bound) {}
 
 DeviceLanesChannel::~DeviceLanesChannel() { Close(net::Clock::now()); }
 
@@ -45,7 +48,7 @@ Channel* DeviceLanesChannel::DeviceChannel(net::Deadline deadline, Status& why) 
     }
   }
   std::unique_ptr<Channel> ch;
-  Status s = open_(deadline, ch);
+  Status s = open_(std::min(deadline, net::Clock::now() + open_bound_), ch);
   if (s.ok() && !ch) s = Status::Failed("no channel was made");
   std::lock_guard<std::mutex> lock(mu_);
   if (!s.ok()) {

@@ -7,8 +7,10 @@
 //
 // Transfers that touch device memory on either side, in any descriptor, run
 // whole on the second channel; all others on the main one. The second channel
-// is opened on the first such transfer (bounded by that transfer's deadline),
-// so links that never move device memory cost nothing extra. If it cannot be
+// is opened on the first such transfer (bounded by that transfer's deadline
+// and by open_bound, so that a TransferAsync without a deadline does not wait
+// on a target that never answers), so links that never move device memory
+// cost nothing extra. If it cannot be
 // opened, that transfer fails with the reason and Health reports it: the
 // engine drops the link, and the next transfer connects anew.
 // Thread safety: all methods are thread-safe. Health and Poll never wait for
@@ -17,6 +19,7 @@
 #define HIXL_TRANSPORT_DEVICE_LANES_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,7 +39,7 @@ class DeviceLanesChannel final : public Channel {
   // device_link: the link type of what open makes (the engine's device checks
   // treat device transfers as that link's).
   DeviceLanesChannel(std::unique_ptr<Channel> main, LinkType device_link, Opener open,
-                     std::string engine);
+                     std::string engine, std::chrono::milliseconds open_bound);
   ~DeviceLanesChannel() override;
 
   LinkType link_type() const override { return main_->link_type(); }
@@ -70,6 +73,7 @@ class DeviceLanesChannel final : public Channel {
   const LinkType device_link_;
   Opener open_;
   const std::string engine_;
+  const std::chrono::milliseconds open_bound_;
   std::mutex open_mu_;  // held while opening (serializes openers only)
   mutable std::mutex mu_;
   bool closed_ = false;  // mu_

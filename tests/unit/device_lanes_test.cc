@@ -60,6 +60,7 @@ struct Fixture {
   RecordingChannel* main = nullptr;
   RecordingChannel* dev = nullptr;  // once opened
   Status open_result;
+  net::Deadline open_deadline;
   std::unique_ptr<DeviceLanesChannel> ch;
 
   Fixture() {
@@ -67,15 +68,16 @@ struct Fixture {
     main = m.get();
     ch = std::make_unique<DeviceLanesChannel>(
         std::move(m), LinkType::TCP,
-        [this](net::Deadline, std::unique_ptr<Channel>& out) {
+        [this](net::Deadline deadline, std::unique_ptr<Channel>& out) {
           opens.fetch_add(1);
+          open_deadline = deadline;
           if (!open_result.ok()) return open_result;
           auto d = std::make_unique<RecordingChannel>(LinkType::TCP, dev_closes);
           dev = d.get();
           out = std::move(d);
           return Status::Ok();
         },
-        "peer:1");
+        "peer:1", std::chrono::milliseconds(1000));
   }
 };
 
@@ -124,6 +126,8 @@ TEST(DeviceLanes, DeviceTransfersOpenTheSecondChannelOnceAndGoThere) {
   for (auto& t : th) t.join();
   for (auto& m : ms) EXPECT_EQ(m.t->state(), TransferStatus::COMPLETED);
   EXPECT_EQ(f.opens.load(), 1);
+  // A transfer without a deadline still opens within the bound (1 s here).
+  EXPECT_LE(f.open_deadline, net::Clock::now() + std::chrono::milliseconds(1000));
   ASSERT_NE(f.dev, nullptr);
   EXPECT_EQ(f.dev->submitted.load(), 3);
   EXPECT_EQ(f.main->submitted.load(), 0);
